@@ -1,0 +1,52 @@
+// Compile-time constants shared by every jax-mla kernel (CPU, SM90, SM100, portable).
+//
+// The operation: absorbed MLA decode. Every cached token carries one 576-wide latent row
+// (512 compressed-KV values + 64 decoupled RoPE key values). Scores use all 576 columns,
+// values are the first 512 columns of the same row. See docs/design.md.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define MLA_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define MLA_HOST_DEVICE inline
+#endif
+
+namespace jax_mla {
+
+// Width of one cached latent row and of one query head (K dimension of Q K^T).
+inline constexpr int kHeadDimQK = 576;
+// Width of V (the first kHeadDimV columns of the same row) and of the output.
+inline constexpr int kHeadDimV = 512;
+// RoPE part of the row, after the latent part.
+inline constexpr int kHeadDimRope = kHeadDimQK - kHeadDimV;
+
+// Tokens per scheduling block. The split-KV scheduler hands out work in whole blocks of
+// this many cached tokens, and the GPU kernels load KV tiles of exactly this many rows,
+// so one scheduled block is one KV tile (BN_QK).
+inline constexpr int kBlockN = 64;
+// Query rows (s_q * h_q folded) handled by one CTA / one CPU task.
+inline constexpr int kBlockM = 64;
+
+// Fixed cost of one split in units of kBlockN-token blocks: the per-split prologue
+// (loading Q, filling the pipeline) and the combine work it causes. The scheduler adds
+// it to every request so that many short requests are not packed onto a single part.
+inline constexpr int kFixedOverheadBlocks = 5;
+
+// Page sizes the paged cache may use. The CPU kernel accepts any positive page size;
+// the GPU kernels need a power of two in [kMinGpuPageSize, kMaxGpuPageSize] so that one
+// 64-token KV tile never straddles more than one page boundary pattern they handle.
+inline constexpr int kMinGpuPageSize = 16;
+inline constexpr int kMaxGpuPageSize = 256;
+
+// Limits advertised by the API (validated in Python and C++).
+inline constexpr int kMaxSeqQ = 8;      // s_q: tokens per request in one decode step
+inline constexpr int kMaxHeadsQ = 128;  // h_q: query heads (after tensor parallelism)
+
+static_assert(kHeadDimV % 64 == 0, "V width must be a multiple of the 64-column TMA box");
+static_assert(kHeadDimQK % 64 == 0, "QK width must be a multiple of the 64-column TMA box");
+static_assert(kMinGpuPageSize <= kBlockN && kBlockN <= kMaxGpuPageSize,
+              "a KV tile spans at most one page or a whole number of pages");
+
+}  // namespace jax_mla

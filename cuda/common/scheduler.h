@@ -1,0 +1,159 @@
+// Split-KV schedule: which (request, KV block) ranges each "SM part" processes.
+//
+// Shared, bit for bit, by the CPU kernel (computed on the host thread) and the GPU kernels
+// (computed by the device-side scheduler kernel in scheduler.cu, no host sync, so it can sit
+// inside a CUDA graph). The schedule is a plain int32 array so that JAX can carry it between
+// layers of one decode step (jax_mla.decode_schedule) without knowing its meaning.
+//
+// Cost model: request r costs nb(r) + kFixedOverheadBlocks units, nb(r) = ceil(seq_len/kBlockN)
+// (0 for an empty request, which costs nothing). Laying the requests' costs end to end gives a
+// line [0, total); part p owns the cost interval [p*W, (p+1)*W), W = ceil(total/num_parts).
+// Inside request r the first kFixedOverheadBlocks units are its overhead, then one unit per
+// KV block. So part p processes exactly the blocks whose unit falls in its interval, and every
+// function below is a closed form over the prefix sums C[r] (no sequential walk), which is
+// what lets the GPU compute it with one thread per part / per request.
+//
+// Layout of the schedule array (int32, schedule_size(b, num_parts) elements):
+//   [0, num_parts * kPartFields)            PartInfo of part p at p * kPartFields
+//   [num_parts * kPartFields, ... + b + 1)  split_offsets: request r's partial results live in
+//                                           workspace slots split_offsets[r] .. split_offsets[r+1]-1;
+//                                           split_offsets[b] = total number of slots used.
+// A request with exactly one split writes its final output directly; with several, each part
+// writes a partial (O normalised by its own sum, plus its LSE) and the combine step merges them;
+// with none (seq_len == 0) the combine step writes O = 0 and LSE = -inf.
+#pragma once
+
+#include <cstdint>
+
+#include "config.h"
+
+namespace jax_mla {
+
+// Fields of one part, at schedule[p * kPartFields + field].
+enum PartField : int {
+  kPartBeginReq = 0,    // first request touched
+  kPartBeginBlock = 1,  // first KV block (in units of kBlockN tokens) of begin_req
+  kPartEndReq = 2,      // last request touched (inclusive); < begin_req for an empty part
+  kPartEndBlock = 3,    // one past the last KV block of end_req
+  kPartBeginSlot = 4,   // workspace slot of begin_req's piece (others use split_offsets[r])
+  kPartFields = 8,      // padded to 32 bytes
+};
+
+MLA_HOST_DEVICE int64_t schedule_size(int64_t batch, int64_t num_parts) {
+  return num_parts * kPartFields + batch + 1;
+}
+
+// Most workspace slots any schedule over `batch` requests and `num_parts` parts can use:
+// each part boundary splits at most one request into one more piece.
+MLA_HOST_DEVICE int64_t max_splits(int64_t batch, int64_t num_parts) { return batch + num_parts; }
+
+MLA_HOST_DEVICE int num_kv_blocks(int seq_len) { return seq_len <= 0 ? 0 : (seq_len + kBlockN - 1) / kBlockN; }
+
+MLA_HOST_DEVICE int request_cost(int seq_len) {
+  const int nb = num_kv_blocks(seq_len);
+  return nb == 0 ? 0 : nb + kFixedOverheadBlocks;
+}
+
+// Units per part for a total cost (at least one unit so that parts make progress).
+MLA_HOST_DEVICE int64_t units_per_part(int64_t total, int num_parts) {
+  const int64_t w = (total + num_parts - 1) / num_parts;
+  return w < 1 ? 1 : w;
+}
+
+// Index of the request that owns cost unit x: the r with C[r] <= x < C[r+1], C being the
+// exclusive prefix sum of request_cost (length batch + 1). Requires 0 <= x < C[batch].
+MLA_HOST_DEVICE int request_of_unit(const int64_t* C, int batch, int64_t x) {
+  int lo = 0, hi = batch;  // answer in [lo, hi)
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (C[mid] <= x) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+// Parts holding the first and the last KV block of request r (r must have nb(r) > 0).
+MLA_HOST_DEVICE int64_t first_part_of(const int64_t* C, int r, int64_t w) {
+  return (C[r] + kFixedOverheadBlocks) / w;
+}
+MLA_HOST_DEVICE int64_t last_part_of(const int64_t* C, int r, int64_t w) { return (C[r + 1] - 1) / w; }
+
+// Number of pieces (workspace slots) request r is split into.
+MLA_HOST_DEVICE int num_splits_of(const int64_t* C, int r, int64_t w) {
+  if (C[r + 1] == C[r]) return 0;
+  return static_cast<int>(last_part_of(C, r, w) - first_part_of(C, r, w) + 1);
+}
+
+// KV block of request r at cost unit x, clamped to [0, nb]: units before the request's blocks
+// (its overhead) map to block 0, units after its end to nb.
+MLA_HOST_DEVICE int block_at_unit(const int64_t* C, int r, int64_t x) {
+  const int64_t nb = C[r + 1] - C[r] - kFixedOverheadBlocks;
+  int64_t b = x - C[r] - kFixedOverheadBlocks;
+  b = b < 0 ? 0 : (b > nb ? nb : b);
+  return static_cast<int>(b);
+}
+
+// Fills part p's PartInfo (everything except begin_slot, which needs split_offsets).
+MLA_HOST_DEVICE void plan_part(const int64_t* C, int batch, int64_t w, int p, int32_t* info) {
+  const int64_t total = C[batch];
+  const int64_t x0 = static_cast<int64_t>(p) * w;
+  int64_t x1 = x0 + w;
+  x1 = x1 > total ? total : x1;
+  for (int f = 0; f < kPartFields; ++f) info[f] = 0;
+  if (x0 >= total) {  // empty part
+    info[kPartBeginReq] = batch;
+    info[kPartEndReq] = batch - 1;
+    return;
+  }
+  const int r0 = request_of_unit(C, batch, x0);
+  const int r1 = request_of_unit(C, batch, x1 - 1);
+  info[kPartBeginReq] = r0;
+  info[kPartBeginBlock] = block_at_unit(C, r0, x0);
+  info[kPartEndReq] = r1;
+  info[kPartEndBlock] = block_at_unit(C, r1, x1);
+}
+
+// begin_slot of part p once split_offsets is known.
+MLA_HOST_DEVICE int32_t part_begin_slot(const int64_t* C, const int32_t* split_offsets, int64_t w, int p,
+                                        int begin_req) {
+  return split_offsets[begin_req] + static_cast<int32_t>(p - first_part_of(C, begin_req, w));
+}
+
+// Host reference: the whole plan, sequentially. C must have room for batch + 1 entries.
+// The device scheduler (scheduler.cu) produces the identical array.
+inline void plan_schedule_host(const int32_t* seq_lens, int batch, int num_parts, int64_t* C, int32_t* schedule) {
+  C[0] = 0;
+  for (int r = 0; r < batch; ++r) C[r + 1] = C[r] + request_cost(seq_lens[r]);
+  const int64_t w = units_per_part(C[batch], num_parts);
+  int32_t* split_offsets = schedule + static_cast<int64_t>(num_parts) * kPartFields;
+  split_offsets[0] = 0;
+  for (int r = 0; r < batch; ++r) split_offsets[r + 1] = split_offsets[r] + num_splits_of(C, r, w);
+  for (int p = 0; p < num_parts; ++p) {
+    int32_t* info = schedule + static_cast<int64_t>(p) * kPartFields;
+    plan_part(C, batch, w, p, info);
+    if (info[kPartBeginReq] < batch) {
+      info[kPartBeginSlot] = part_begin_slot(C, split_offsets, w, p, info[kPartBeginReq]);
+    }
+  }
+}
+
+// How one part walks its work; used by every kernel so they agree on slots.
+struct PieceOfWork {
+  int request;
+  int begin_block, end_block;  // [begin, end) in kBlockN-token blocks
+  int slot;                    // workspace slot when num_splits > 1
+  int num_splits;              // pieces the request was cut into (>= 1 here)
+};
+
+// Piece of request r inside part `info` (empty when begin_block >= end_block).
+MLA_HOST_DEVICE PieceOfWork piece_of(const int32_t* info, const int32_t* split_offsets, const int32_t* seq_lens,
+                                     int r) {
+  PieceOfWork w;
+  w.request = r;
+  w.begin_block = r == info[kPartBeginReq] ? info[kPartBeginBlock] : 0;
+  w.end_block = r == info[kPartEndReq] ? info[kPartEndBlock] : num_kv_blocks(seq_lens[r]);
+  w.slot = r == info[kPartBeginReq] ? info[kPartBeginSlot] : split_offsets[r];
+  w.num_splits = split_offsets[r + 1] - split_offsets[r];
+  return w;
+}
+
+}  // namespace jax_mla

@@ -1,0 +1,32 @@
+// Layout of the device workspace the CUDA handler receives as an extra XLA output (no runtime
+// allocation, so the op can be captured in a CUDA graph). One formula, exported to Python by the
+// extension module (workspace_bytes), so the lowering and the handler cannot disagree.
+#pragma once
+
+#include <cstdint>
+
+#include "config.h"
+#include "scheduler.h"
+
+namespace jax_mla {
+
+MLA_HOST_DEVICE int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+struct WorkspaceLayout {
+  int64_t schedule_offset;     // int32 (schedule_size(b, num_parts)), used when no schedule is passed in
+  int64_t partial_lse_offset;  // float (max_splits, rows)
+  int64_t partial_out_offset;  // float (max_splits, rows, 512)
+  int64_t total_bytes;
+};
+
+MLA_HOST_DEVICE WorkspaceLayout workspace_layout(int64_t batch, int64_t rows, int64_t num_parts) {
+  WorkspaceLayout w;
+  const int64_t splits = max_splits(batch, num_parts);
+  w.schedule_offset = 0;
+  w.partial_lse_offset = align_up(schedule_size(batch, num_parts) * 4, 256);
+  w.partial_out_offset = w.partial_lse_offset + align_up(splits * rows * 4, 256);
+  w.total_bytes = w.partial_out_offset + splits * rows * kHeadDimV * 4;
+  return w;
+}
+
+}  // namespace jax_mla
