@@ -1,0 +1,152 @@
+// The KV producer: streams paged KV tiles by TMA into a ring of shared-memory stages guarded by
+// mbarriers. Shared by the SM90 (wgmma) and SM100 (tcgen05) decode kernels: both consume the same
+// tile format, (BLK_N = 64 tokens, 576) stored as 9 boxes of (64 tokens, 64 columns), each box
+// rows of 128 bytes with the 128-byte swizzle that wgmma and tcgen05 descriptors read directly.
+//
+// Protocol (one producer thread, kNumConsumers consumer arrivals per stage):
+//   producer: acquire(state)  waits until every consumer released the stage (the producer starts
+//                             at phase 1, so the first pass over the ring does not wait);
+//             load_tile(...)  one expect_tx arrival per box, then the TMA copies; the copies'
+//                             byte count completes the box's "full" barrier;
+//             commit_step()   advances the ring position (stage, phase).
+//   consumer: wait_box(state, box) before reading a box; release(state) once its MMAs that read
+//             the stage have completed; then advance its own copy of the state.
+// Every box has its own full barrier so that QK^T can start on box 0 while later boxes are in flight.
+#pragma once
+
+#include <cstdint>
+
+#include "config.h"
+#include "ptx.cuh"
+
+namespace jax_mla {
+
+inline constexpr int kKvBoxCols = 64;                          // 128 bytes of 16-bit elements
+inline constexpr int kKvBoxesQK = kHeadDimQK / kKvBoxCols;     // 9: whole row, for Q K^T
+inline constexpr int kKvBoxesV = kHeadDimV / kKvBoxCols;       // 8: the V part, for P V
+inline constexpr int kKvRopeBox = kKvBoxesV;                   // box holding the 64 RoPE columns
+inline constexpr int kKvBoxElems = kBlockN * kKvBoxCols;       // (BLK_N, 64)
+inline constexpr int kKvBoxBytes = kKvBoxElems * 2;            // 8 KB
+inline constexpr int kKvTileBytes = kKvBoxesQK * kKvBoxBytes;  // 72 KB per stage
+static_assert(kHeadDimQK % kKvBoxCols == 0 && kHeadDimV % kKvBoxCols == 0);
+static_assert(kKvBoxBytes % 1024 == 0, "boxes must keep the 1024-byte alignment of the 128B swizzle");
+
+// Position in the ring: which stage, and the parity of that stage's current fill.
+template <int kNumStages>
+struct PipelineState {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == kNumStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+  __device__ __forceinline__ PipelineState next() const {
+    PipelineState s = *this;
+    s.advance();
+    return s;
+  }
+};
+
+// The barriers of the ring; lives in shared memory.
+template <int kNumStages>
+struct KVPipelineBarriers {
+  uint64_t full[kNumStages][kKvBoxesQK];  // producer -> consumers, one per box, completed by TMA bytes
+  uint64_t empty[kNumStages];             // consumers -> producer, kNumConsumers arrivals
+
+  // Called by one thread before any use; the caller fences and syncs afterwards.
+  __device__ __forceinline__ void init(int num_consumers) {
+    for (int s = 0; s < kNumStages; ++s) {
+      for (int b = 0; b < kKvBoxesQK; ++b) ptx::mbarrier_init(&full[s][b], 1);
+      ptx::mbarrier_init(&empty[s], num_consumers);
+    }
+  }
+};
+
+// Where the tokens of one KV tile come from: the paged cache through the request's block-table row.
+struct PagedKV {
+  const CUtensorMap* map;     // rows = num_pages * page_size tokens, cols = 576; box (64 cols, box_rows)
+  const int32_t* page_table;  // (max_pages) this request's block-table row
+  int seq_len;
+  int page_size;       // power of two in [16, 256]
+  int log2_page_size;
+  int num_pages;       // pages in the cache
+  int max_pages;       // columns of the block table
+  int oob_row;         // a row past the end of the cache: TMA fills it with zeros
+};
+
+template <typename Element, int kNumStages>
+struct DecodeKVProducer {
+  KVPipelineBarriers<kNumStages>* bars;
+  Element* smem;  // (stage, box, BLK_N, 64)
+  PipelineState<kNumStages> state;
+
+  __device__ __forceinline__ Element* stage_ptr(int stage) const {
+    return smem + static_cast<size_t>(stage) * kKvBoxesQK * kKvBoxElems;
+  }
+
+  __device__ __forceinline__ void acquire() { ptx::mbarrier_wait(&bars->empty[state.stage], state.phase ^ 1); }
+
+  __device__ __forceinline__ void commit_step() { state.advance(); }
+
+  // Issues the TMA copies of the 64 tokens starting at token `first_token` into the current stage.
+  // Tokens past seq_len in a page the request does not own are zero-filled (out-of-bounds rows);
+  // tokens past seq_len inside its last page are loaded as they are (the consumer masks scores and
+  // zeroes those V rows, so whatever they hold cannot reach the output). Returns false when the
+  // block table points outside the cache or is too short for seq_len: the caller reports it.
+  __device__ __forceinline__ bool load_tile(const PagedKV& kv, int first_token) {
+    const int box_rows = kv.page_size < kBlockN ? kv.page_size : kBlockN;  // rows per TMA copy
+    const int copies = kBlockN / box_rows;                                  // 1, 2 or 4
+    bool ok = true;
+    int rows[kBlockN / kMinGpuPageSize];
+#pragma unroll
+    for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
+      rows[k] = kv.oob_row;
+      const int token = first_token + k * box_rows;
+      if (k < copies && token < kv.seq_len) {
+        const int page_index = token >> kv.log2_page_size;
+        if (page_index >= kv.max_pages) {
+          ok = false;
+        } else {
+          const int page = kv.page_table[page_index];
+          if (page < 0 || page >= kv.num_pages) {
+            ok = false;
+          } else {
+            rows[k] = page * kv.page_size + (token & (kv.page_size - 1));
+          }
+        }
+      }
+    }
+    Element* dst = stage_ptr(state.stage);
+#pragma unroll 1
+    for (int box = 0; box < kKvBoxesQK; ++box) {
+      uint64_t* bar = &bars->full[state.stage][box];
+      ptx::mbarrier_arrive_expect_tx(bar, kKvBoxBytes);
+#pragma unroll
+      for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
+        if (k < copies) {
+          ptx::tma_load_2d(dst + box * kKvBoxElems + k * box_rows * kKvBoxCols, kv.map, bar, box * kKvBoxCols,
+                           rows[k]);
+        }
+      }
+    }
+    return ok;
+  }
+};
+
+// Consumer side of the same ring.
+template <int kNumStages>
+struct KVConsumer {
+  KVPipelineBarriers<kNumStages>* bars;
+
+  __device__ __forceinline__ void wait_box(const PipelineState<kNumStages>& s, int box) const {
+    ptx::mbarrier_wait(&bars->full[s.stage][box], s.phase);
+  }
+  // One arrival per consumer (an elected thread, after its MMAs reading the stage completed).
+  __device__ __forceinline__ void release(const PipelineState<kNumStages>& s) const {
+    ptx::mbarrier_arrive(&bars->empty[s.stage]);
+  }
+};
+
+}  // namespace jax_mla

@@ -1,0 +1,27 @@
+// Host-side launchers of the kernels shared by every GPU architecture: the split-KV scheduler and
+// the combine. Architecture-specific decode launchers live in sm90/, sm100/, portable/.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#include "params.h"
+
+namespace jax_mla {
+
+// Largest batch the one-CTA device scheduler plans (its prefix sums live in shared memory).
+inline constexpr int kMaxScheduleBatch = 16384;
+
+// One-time per-device setup (opt-in shared memory); call outside the execute path.
+cudaError_t setup_schedule_kernel();
+
+// schedule: (schedule_size(batch, num_parts)) int32, written on the device.
+cudaError_t launch_schedule(const int32_t* seq_lens, int batch, int num_parts, int32_t* schedule,
+                            cudaStream_t stream);
+
+// Merges the partials of requests split over several parts into p.out / p.lse, and writes the
+// empty-request results (out 0, lse -inf). Launched with programmatic dependent launch right after
+// the decode kernel.
+cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream);
+
+}  // namespace jax_mla
