@@ -1,0 +1,22 @@
+"""jax-mla: multi-head latent attention (MLA) decode for JAX, as XLA FFI custom calls.
+
+Public API:
+  mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal=False,
+             return_lse=False, schedule=None)
+  decode_schedule(seq_lens, *, num_heads, seq_q=1, num_parts=None)
+  export_disabled_checks()   jax.export DisabledSafetyCheck list for jax_mla's custom calls
+  reference                  module with mla_decode_reference (plain jax.numpy)
+"""
+
+from importlib import metadata as _metadata
+
+from . import reference
+from ._api import decode_schedule, mla_decode
+from .export import export_disabled_checks
+
+try:
+    __version__ = _metadata.version("jax-mla")
+except _metadata.PackageNotFoundError:  # running from a source tree that was not installed
+    __version__ = "0+unknown"
+
+__all__ = ["mla_decode", "decode_schedule", "export_disabled_checks", "reference", "__version__"]

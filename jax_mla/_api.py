@@ -1,0 +1,111 @@
+"""Public entry points: mla_decode and decode_schedule."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _lowering, _validate
+from ._primitive import mla_decode_p, mla_decode_schedule_p
+
+_FALLBACK_NUM_SMS = 132  # H100/H200 SM count, used when no CUDA device is visible
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms() -> int:
+    n = int(_lowering._ext.cuda_sm_count())
+    return n if n > 0 else _FALLBACK_NUM_SMS
+
+
+def default_num_parts(seq_q: int, num_heads: int) -> int:
+    """Default number of split-KV parts: one CTA per SM.
+
+    A request's s_q * num_heads query rows take ceil(s_q * num_heads / 64) CTAs (row blocks), so
+    max(1, num_sms // that) parts fill the GPU. num_sms is the SM count of the first CUDA
+    device, or 132 when none is visible (also on CPU, so CPU and GPU plans agree).
+    """
+    m_blocks = -(-(seq_q * num_heads) // _validate.BLOCK_M)
+    return max(1, _num_sms() // m_blocks)
+
+
+def _as_array(x: Any) -> Any:
+    """Leaves JAX/NumPy arrays and tracers alone; turns other inputs into NumPy arrays (no cast)."""
+    return x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x)
+
+
+def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal=False,
+               return_lse=False, schedule=None):
+    """Multi-head latent attention decode over a paged latent KV cache.
+
+    Args:
+      q: (b, s_q, h_q, 576) bfloat16 or float16; 1 <= s_q <= 8, 1 <= h_q <= 128. The 576 columns
+        are the absorbed query (512 latent + 64 RoPE).
+      kv_cache: (num_pages, page_size, 576) or (num_pages, page_size, 1, 576), q's dtype. Keys
+        are the whole 576-wide rows, values their first 512 columns.
+      block_table: (b, max_pages) int32; page i of request r is kv_cache[block_table[r, i]].
+        Only the first ceil(seq_lens[r] / page_size) entries of a row are read.
+      seq_lens: (b,) int32, 0 <= seq_lens[r] <= max_pages * page_size: cached tokens per request,
+        including the s_q new ones.
+      softmax_scale: static Python/NumPy number multiplying q . k; default 576 ** -0.5.
+      causal: query token t (0-based) sits at position seq_len - s_q + t and sees only positions
+        up to it. Without causal every query token sees all seq_len keys.
+      return_lse: also return the log-sum-exp of the scaled scores.
+      schedule: optional split-KV schedule from decode_schedule(seq_lens, ...) for the same
+        seq_lens, to share one plan across layers; computed inside the op when None.
+
+    Returns:
+      out (b, s_q, h_q, 512) in q's dtype, and with return_lse also lse (b, s_q, h_q) float32
+      (natural log). Rows with no visible key (seq_len == 0, or causal and seq_len < s_q) get
+      out = 0 and lse = -inf.
+    """
+    q, kv_cache, block_table, seq_lens = map(_as_array, (q, kv_cache, block_table, seq_lens))
+    dims = _validate.check_decode_operands(q, kv_cache, block_table, seq_lens)
+    scale = _validate.check_softmax_scale(
+        _validate.HEAD_DIM_QK ** -0.5 if softmax_scale is None else softmax_scale)
+    causal = _validate.check_bool("causal", causal)
+    return_lse = _validate.check_bool("return_lse", return_lse)
+    if schedule is None:
+        num_parts = default_num_parts(dims.seq_q, dims.heads_q)
+        schedule = jnp.zeros((0,), jnp.int32)
+    else:
+        schedule = _as_array(schedule)
+        num_parts = _validate.schedule_num_parts(schedule, dims.batch)
+    _validate.check_concrete_seq_lens(seq_lens, block_table, dims)
+
+    kv_cache = jnp.asarray(kv_cache)
+    if kv_cache.ndim == 4:
+        kv_cache = kv_cache.reshape(dims.num_pages, dims.page_size, _validate.HEAD_DIM_QK)
+    out, lse = mla_decode_p.bind(jnp.asarray(q), kv_cache, jnp.asarray(block_table),
+                                 jnp.asarray(seq_lens), jnp.asarray(schedule),
+                                 softmax_scale=scale, causal=causal, num_parts=num_parts)
+    return (out, lse) if return_lse else out
+
+
+def decode_schedule(seq_lens, *, num_heads, seq_q=1, num_parts=None):
+    """Split-KV schedule for one decode step, to pass as mla_decode(..., schedule=...).
+
+    All layers of a step share seq_lens, so computing the plan once and passing it to every
+    layer's mla_decode saves the per-call scheduling work. The schedule is an int32 array of
+    shape (num_parts * 8 + b + 1,) (format: cuda/common/scheduler.h); it only decides how work
+    is split, never the result.
+
+    Args:
+      seq_lens: (b,) int32, the same array later passed to mla_decode.
+      num_heads: h_q of the mla_decode calls that will use it.
+      seq_q: s_q of those calls.
+      num_parts: static number of parts; default max(1, num_sms // ceil(seq_q * num_heads / 64)).
+    """
+    seq_lens = _as_array(seq_lens)
+    b = _validate.check_seq_lens_only(seq_lens)
+    _validate.check_concrete_seq_lens_nonnegative(seq_lens)
+    num_heads = _validate.check_int_in_range("num_heads", num_heads, 1, _validate.MAX_HEADS_Q,
+                                             "decode_schedule")
+    seq_q = _validate.check_int_in_range("seq_q", seq_q, 1, _validate.MAX_SEQ_Q, "decode_schedule")
+    if num_parts is None:
+        num_parts = default_num_parts(seq_q, num_heads)
+    num_parts = _validate.check_num_parts(num_parts, b)
+    return mla_decode_schedule_p.bind(jnp.asarray(seq_lens), num_parts=num_parts)

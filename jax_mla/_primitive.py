@@ -1,0 +1,145 @@
+"""The two JAX primitives of jax_mla and their platform-independent rules.
+
+mla_decode_p(q, kv_cache, block_table, seq_lens, schedule; softmax_scale, causal, num_parts)
+    -> (out, lse)
+  q (b, s_q, h_q, 576) bf16|f16, kv_cache (P, page, 576) same dtype, block_table (b, M) int32,
+  seq_lens (b,) int32, schedule int32 of shape (0,) [computed in the op] or
+  (schedule_size(b, num_parts),) [from mla_decode_schedule_p]. Params are static Python values.
+  out (b, s_q, h_q, 512) q's dtype, lse (b, s_q, h_q) float32.
+
+mla_decode_schedule_p(seq_lens; num_parts) -> schedule (schedule_size(b, num_parts),) int32.
+
+Rules here: abstract evaluation (shape/dtype checks from _validate), eager implementation,
+batching (vmap) and the no-gradient rule. Lowerings live in _lowering.py.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, xla
+
+from . import _validate
+
+mla_decode_p = Primitive("mla_decode")
+mla_decode_p.multiple_results = True
+
+mla_decode_schedule_p = Primitive("mla_decode_schedule")
+
+
+# ----------------------------------------------------------------------------------------------
+# Abstract evaluation
+# ----------------------------------------------------------------------------------------------
+
+
+def _decode_abstract_eval(q, kv_cache, block_table, seq_lens, schedule, *, softmax_scale, causal,
+                          num_parts):
+    dims = _validate.check_decode_operands(q, kv_cache, block_table, seq_lens)
+    if len(kv_cache.shape) != 3:
+        raise ValueError(
+            f"mla_decode: the primitive takes kv_cache of rank 3 (num_pages, page_size, "
+            f"{_validate.HEAD_DIM_QK}), got shape {tuple(kv_cache.shape)}")
+    _validate.check_softmax_scale(softmax_scale)
+    _validate.check_bool("causal", causal)
+    _validate.check_num_parts(num_parts, dims.batch, where="mla_decode")
+    _validate.check_schedule_operand(schedule, dims.batch, num_parts, where="mla_decode")
+    b, s_q, h_q = dims.batch, dims.seq_q, dims.heads_q
+    return (jax.core.ShapedArray((b, s_q, h_q, _validate.HEAD_DIM_V), q.dtype),
+            jax.core.ShapedArray((b, s_q, h_q), np.float32))
+
+
+def _schedule_abstract_eval(seq_lens, *, num_parts):
+    b = _validate.check_seq_lens_only(seq_lens)
+    _validate.check_num_parts(num_parts, b)
+    return jax.core.ShapedArray((_validate.schedule_size(b, num_parts),), np.int32)
+
+
+mla_decode_p.def_abstract_eval(_decode_abstract_eval)
+mla_decode_schedule_p.def_abstract_eval(_schedule_abstract_eval)
+
+# Eager calls compile the primitive alone (cached per shapes and params), like jax's own ops.
+mla_decode_p.def_impl(lambda *args, **params: xla.apply_primitive(mla_decode_p, *args, **params))
+mla_decode_schedule_p.def_impl(
+    lambda *args, **params: xla.apply_primitive(mla_decode_schedule_p, *args, **params))
+
+
+# ----------------------------------------------------------------------------------------------
+# Batching (vmap): fold the vmapped axis into the batch of requests
+# ----------------------------------------------------------------------------------------------
+
+
+def _to_front(x, bdim, size):
+    """x with its batch axis first; unbatched operands are broadcast to `size` copies."""
+    if bdim is None:
+        return jnp.broadcast_to(x, (size,) + tuple(x.shape))
+    return jnp.moveaxis(x, bdim, 0)
+
+
+def _decode_batch(args, bdims, *, softmax_scale, causal, num_parts):
+    q, kv_cache, block_table, seq_lens, _schedule = args
+    q_d, kv_d, bt_d, sl_d, _ = bdims
+    size = next(x.shape[d] for x, d in zip(args, bdims) if d is not None)
+
+    q = _to_front(q, q_d, size)                      # (V, b, s_q, h_q, 576)
+    block_table = _to_front(block_table, bt_d, size)  # (V, b, M)
+    seq_lens = _to_front(seq_lens, sl_d, size)        # (V, b)
+    v, b = q.shape[0], q.shape[1]
+
+    if kv_d is not None:
+        # Each instance has its own cache: lay the V caches end to end as one cache of V*P pages
+        # and point instance v's block table at its own pages (ids shifted by v*P). Ids outside
+        # [0, P) stay invalid (-1) so the kernels still report them instead of reading a
+        # neighbouring instance's pages.
+        kv_cache = jnp.moveaxis(kv_cache, kv_d, 0)  # (V, P, page, 576)
+        num_pages = kv_cache.shape[1]
+        if v * num_pages > np.iinfo(np.int32).max:
+            raise ValueError(
+                f"mla_decode under vmap: {v} instances of a {num_pages}-page kv_cache exceed the "
+                f"int32 page id range")
+        shift = (jnp.arange(v, dtype=jnp.int32) * num_pages)[:, None, None]
+        valid = (block_table >= 0) & (block_table < num_pages)
+        block_table = jnp.where(valid, block_table + shift, jnp.int32(-1))
+        kv_cache = kv_cache.reshape((v * num_pages,) + kv_cache.shape[2:])
+
+    q = q.reshape((v * b,) + q.shape[2:])
+    block_table = block_table.reshape((v * b, block_table.shape[-1]))
+    seq_lens = seq_lens.reshape((v * b,))
+    # A schedule describes one batch of b requests; the folded batch needs its own, so a passed
+    # schedule is dropped and the op computes one (same num_parts).
+    schedule = jnp.zeros((0,), jnp.int32)
+    out, lse = mla_decode_p.bind(q, kv_cache, block_table, seq_lens, schedule,
+                                 softmax_scale=softmax_scale, causal=causal, num_parts=num_parts)
+    out = out.reshape((v, b) + out.shape[1:])
+    lse = lse.reshape((v, b) + lse.shape[1:])
+    return (out, lse), (0, 0)
+
+
+def _schedule_batch(args, bdims, *, num_parts):
+    (seq_lens,), (bdim,) = args, bdims
+    seq_lens = jnp.moveaxis(seq_lens, bdim, 0)  # (V, b)
+    # Schedules of different instances are independent plans: compute them one after the other.
+    out = jax.lax.map(lambda s: mla_decode_schedule_p.bind(s, num_parts=num_parts), seq_lens)
+    return out, 0
+
+
+batching.primitive_batchers[mla_decode_p] = _decode_batch
+batching.primitive_batchers[mla_decode_schedule_p] = _schedule_batch
+
+
+# ----------------------------------------------------------------------------------------------
+# No gradient
+# ----------------------------------------------------------------------------------------------
+
+_NO_GRAD = ("mla_decode is inference-only; it has no gradient (JVP/VJP) rule. Wrap its inputs in "
+            "jax.lax.stop_gradient if it sits inside a differentiated function, or use "
+            "jax_mla.reference.mla_decode_reference, which is plain jax.numpy and differentiable.")
+
+
+def _no_grad(*args, **kwargs):
+    raise NotImplementedError(_NO_GRAD)
+
+
+ad.primitive_jvps[mla_decode_p] = _no_grad
+ad.primitive_transposes[mla_decode_p] = _no_grad

@@ -1,0 +1,285 @@
+"""Every argument check of jax_mla, in one place.
+
+Used by the public API (jax_mla._api) before anything is traced, and by the primitives' abstract
+evaluation rules (jax_mla._primitive), so that a check can never be skipped by binding the
+primitive directly and the API and the primitive always say the same thing.
+
+Conventions: a wrong dtype or a wrong Python type raises TypeError, a wrong shape or value raises
+ValueError, and every message names the function, the argument, what was expected and what was
+received. The shape/dtype checks only look at ``.shape`` and ``.dtype``, so they accept concrete
+arrays, tracers and ShapedArrays alike.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Mirror cuda/common/config.h (tests check them against jax_mla._ext).
+HEAD_DIM_QK = 576
+HEAD_DIM_V = 512
+MAX_SEQ_Q = 8
+MAX_HEADS_Q = 128
+BLOCK_M = 64  # query rows per CTA / CPU task
+PART_FIELDS = 8  # int32 fields per part in the schedule (cuda/common/scheduler.h)
+_INT32_MAX = 2**31 - 1
+
+_FLOAT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(np.float16))
+_INT32 = np.dtype(np.int32)
+
+
+class DecodeDims(NamedTuple):
+    batch: int
+    seq_q: int
+    heads_q: int
+    num_pages: int
+    page_size: int
+    max_pages: int
+
+
+def schedule_size(batch: int, num_parts: int) -> int:
+    """Elements of a schedule for `batch` requests and `num_parts` parts (scheduler.h)."""
+    return num_parts * PART_FIELDS + batch + 1
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in np.shape(x)) if not hasattr(x, "shape") else tuple(x.shape)
+
+
+def _dtype(x: Any) -> np.dtype:
+    if hasattr(x, "dtype"):
+        return np.dtype(x.dtype)
+    # Python scalars / lists: what NumPy would make of them (no silent casting later).
+    return np.asarray(x).dtype
+
+
+def _dtype_name(dt: np.dtype) -> str:
+    return np.dtype(dt).name
+
+
+def is_concrete(x: Any) -> bool:
+    """True when x holds known values: a NumPy array or a JAX array that is not a tracer (under
+    jit/vmap/grad) nor an abstract value (inside abstract evaluation)."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        return True
+    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+
+
+# ----------------------------------------------------------------------------------------------
+# Operands of mla_decode
+# ----------------------------------------------------------------------------------------------
+
+
+def check_decode_operands(q: Any, kv_cache: Any, block_table: Any, seq_lens: Any,
+                          where: str = "mla_decode") -> DecodeDims:
+    """Checks ranks, dims and dtypes of the four array operands; returns the problem's dims.
+
+    kv_cache may be (num_pages, page_size, 576) or (num_pages, page_size, 1, 576).
+    """
+    q_shape = _shape(q)
+    if len(q_shape) != 4 or q_shape[-1] != HEAD_DIM_QK:
+        raise ValueError(
+            f"{where}: q must have shape (b, s_q, h_q, {HEAD_DIM_QK}) (rank 4, last dimension "
+            f"{HEAD_DIM_QK}), got shape {q_shape}")
+    b, s_q, h_q, _ = q_shape
+    if b < 1:
+        raise ValueError(f"{where}: q must have batch size b >= 1, got shape {q_shape}")
+    if not 1 <= s_q <= MAX_SEQ_Q:
+        raise ValueError(
+            f"{where}: q must have 1 <= s_q <= {MAX_SEQ_Q} query tokens per request (dimension 1), "
+            f"got s_q = {s_q} in shape {q_shape}")
+    if not 1 <= h_q <= MAX_HEADS_Q:
+        raise ValueError(
+            f"{where}: q must have 1 <= h_q <= {MAX_HEADS_Q} query heads (dimension 2), "
+            f"got h_q = {h_q} in shape {q_shape}")
+    q_dtype = _dtype(q)
+    if q_dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{where}: q must have dtype bfloat16 or float16, got {_dtype_name(q_dtype)}")
+
+    kv_shape = _shape(kv_cache)
+    if len(kv_shape) == 4:
+        if kv_shape[2] != 1:
+            raise ValueError(
+                f"{where}: a rank-4 kv_cache must have shape (num_pages, page_size, 1, {HEAD_DIM_QK}) "
+                f"(one latent head), got shape {kv_shape}")
+    elif len(kv_shape) != 3:
+        raise ValueError(
+            f"{where}: kv_cache must have shape (num_pages, page_size, {HEAD_DIM_QK}) or "
+            f"(num_pages, page_size, 1, {HEAD_DIM_QK}), got shape {kv_shape}")
+    if kv_shape[-1] != HEAD_DIM_QK:
+        raise ValueError(
+            f"{where}: kv_cache must have last dimension {HEAD_DIM_QK}, got shape {kv_shape}")
+    num_pages, page_size = kv_shape[0], kv_shape[1]
+    if num_pages < 1:
+        raise ValueError(f"{where}: kv_cache must have at least one page, got shape {kv_shape}")
+    if page_size < 1:
+        raise ValueError(f"{where}: kv_cache must have page_size >= 1 (dimension 1), got shape {kv_shape}")
+    kv_dtype = _dtype(kv_cache)
+    if kv_dtype != q_dtype:
+        raise TypeError(
+            f"{where}: kv_cache must have the same dtype as q ({_dtype_name(q_dtype)}), "
+            f"got {_dtype_name(kv_dtype)}")
+
+    bt_shape = _shape(block_table)
+    if len(bt_shape) != 2 or bt_shape[0] != b:
+        raise ValueError(
+            f"{where}: block_table must have shape (b, max_pages) = ({b}, max_pages) with b from q, "
+            f"got shape {bt_shape}")
+    if bt_shape[1] < 1:
+        raise ValueError(f"{where}: block_table must have at least one column, got shape {bt_shape}")
+    bt_dtype = _dtype(block_table)
+    if bt_dtype != _INT32:
+        raise TypeError(
+            f"{where}: block_table must have dtype int32, got {_dtype_name(bt_dtype)} "
+            f"(convert it explicitly, e.g. with .astype(jnp.int32))")
+
+    sl_shape = _shape(seq_lens)
+    if sl_shape != (b,):
+        raise ValueError(
+            f"{where}: seq_lens must have shape (b,) = ({b},) with b from q, got shape {sl_shape}")
+    sl_dtype = _dtype(seq_lens)
+    if sl_dtype != _INT32:
+        raise TypeError(
+            f"{where}: seq_lens must have dtype int32, got {_dtype_name(sl_dtype)} "
+            f"(convert it explicitly, e.g. with .astype(jnp.int32))")
+
+    return DecodeDims(b, s_q, h_q, num_pages, page_size, bt_shape[1])
+
+
+def check_concrete_seq_lens(seq_lens: Any, block_table: Any, dims: DecodeDims,
+                            where: str = "mla_decode") -> None:
+    """Value checks done at call time when seq_lens (and block_table) are concrete.
+
+    Under jit they are tracers and these checks move to the kernels (see docs/design.md,
+    "Run-time errors").
+    """
+    if not is_concrete(seq_lens):
+        return
+    lens = np.asarray(seq_lens)
+    capacity = dims.max_pages * dims.page_size
+    bad = np.nonzero((lens < 0) | (lens > capacity))[0]
+    if bad.size:
+        r = int(bad[0])
+        raise ValueError(
+            f"{where}: seq_lens must satisfy 0 <= seq_lens[r] <= max_pages * page_size = "
+            f"{dims.max_pages} * {dims.page_size} = {capacity} (block_table too short?), "
+            f"got seq_lens[{r}] = {int(lens[r])}")
+    if not is_concrete(block_table):
+        return
+    table = np.asarray(block_table)
+    used = -(-lens // dims.page_size)  # pages each request reads
+    read = np.arange(dims.max_pages)[None, :] < used[:, None]
+    bad_ids = read & ((table < 0) | (table >= dims.num_pages))
+    if bad_ids.any():
+        r, i = (int(v) for v in np.argwhere(bad_ids)[0])
+        raise ValueError(
+            f"{where}: block_table entries read for request {r} must be page ids in "
+            f"[0, num_pages) = [0, {dims.num_pages}), got block_table[{r}, {i}] = {int(table[r, i])} "
+            f"(seq_lens[{r}] = {int(lens[r])} reads its first {int(used[r])} entries)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Static (non-array) parameters
+# ----------------------------------------------------------------------------------------------
+
+
+def check_softmax_scale(softmax_scale: Any, where: str = "mla_decode") -> float:
+    """Returns the scale as a Python float. It must be static: a Python or NumPy number."""
+    if isinstance(softmax_scale, jax.Array) or isinstance(softmax_scale, jax.core.Tracer):
+        raise TypeError(
+            f"{where}: softmax_scale must be a static Python or NumPy number (it is compiled into the "
+            f"kernel call), got a JAX array of shape {tuple(softmax_scale.shape)}; pass a float, "
+            f"or mark it static under jit")
+    if isinstance(softmax_scale, np.ndarray) and softmax_scale.shape == ():
+        softmax_scale = softmax_scale[()]
+    if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(
+            f"{where}: softmax_scale must be a static Python or NumPy real number, "
+            f"got {type(softmax_scale).__name__}")
+    value = float(softmax_scale)
+    if not np.isfinite(value) or not np.isfinite(np.float32(value)):
+        raise ValueError(f"{where}: softmax_scale must be finite in float32, got {value}")
+    return value
+
+
+def check_bool(name: str, value: Any, where: str = "mla_decode") -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{where}: {name} must be a Python bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def check_num_parts(num_parts: Any, batch: int, where: str = "decode_schedule") -> int:
+    if isinstance(num_parts, (bool, np.bool_)) or not isinstance(num_parts, numbers.Integral):
+        raise TypeError(f"{where}: num_parts must be a Python int, got {type(num_parts).__name__}")
+    n = int(num_parts)
+    if n < 1 or schedule_size(batch, n) > _INT32_MAX:
+        raise ValueError(f"{where}: num_parts must be a positive int small enough for an int32 "
+                         f"schedule, got {n}")
+    return n
+
+
+def check_int_in_range(name: str, value: Any, lo: int, hi: int, where: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{where}: {name} must be a Python int, got {type(value).__name__}")
+    if not lo <= int(value) <= hi:
+        raise ValueError(f"{where}: {name} must be in [{lo}, {hi}], got {int(value)}")
+    return int(value)
+
+
+# ----------------------------------------------------------------------------------------------
+# Schedules
+# ----------------------------------------------------------------------------------------------
+
+
+def check_seq_lens_only(seq_lens: Any, where: str = "decode_schedule") -> int:
+    """seq_lens on its own (decode_schedule): rank 1, int32, non-empty. Returns b."""
+    shape = _shape(seq_lens)
+    if len(shape) != 1 or shape[0] < 1:
+        raise ValueError(f"{where}: seq_lens must have shape (b,) with b >= 1, got shape {shape}")
+    dt = _dtype(seq_lens)
+    if dt != _INT32:
+        raise TypeError(
+            f"{where}: seq_lens must have dtype int32, got {_dtype_name(dt)} "
+            f"(convert it explicitly, e.g. with .astype(jnp.int32))")
+    return shape[0]
+
+
+def check_concrete_seq_lens_nonnegative(seq_lens: Any, where: str = "decode_schedule") -> None:
+    if is_concrete(seq_lens):
+        lens = np.asarray(seq_lens)
+        if (lens < 0).any():
+            r = int(np.argmax(lens < 0))
+            raise ValueError(f"{where}: seq_lens must be >= 0, got seq_lens[{r}] = {int(lens[r])}")
+
+
+def schedule_num_parts(schedule: Any, batch: int, where: str = "mla_decode") -> int:
+    """num_parts encoded by the length of a schedule array from decode_schedule."""
+    shape = _shape(schedule)
+    n = shape[0] if len(shape) == 1 else -1
+    parts, rem = divmod(n - batch - 1, PART_FIELDS)
+    if len(shape) != 1 or rem != 0 or parts < 1:
+        raise ValueError(
+            f"{where}: schedule must have shape (num_parts * {PART_FIELDS} + b + 1,) with b = {batch} "
+            f"and num_parts >= 1 (as returned by decode_schedule for the same seq_lens), "
+            f"got shape {shape}")
+    dt = _dtype(schedule)
+    if dt != _INT32:
+        raise TypeError(f"{where}: schedule must have dtype int32, got {_dtype_name(dt)}")
+    return parts
+
+
+def check_schedule_operand(schedule: Any, batch: int, num_parts: int, where: str) -> None:
+    """The primitive's schedule operand: int32 (0,) [computed in-op] or (schedule_size,)."""
+    shape = _shape(schedule)
+    expected = schedule_size(batch, num_parts)
+    if shape not in ((0,), (expected,)):
+        raise ValueError(
+            f"{where}: schedule must have shape (0,) or (num_parts * {PART_FIELDS} + b + 1,) = "
+            f"({expected},) for num_parts = {num_parts}, b = {batch}, got shape {shape}")
+    dt = _dtype(schedule)
+    if dt != _INT32:
+        raise TypeError(f"{where}: schedule must have dtype int32, got {_dtype_name(dt)}")
