@@ -1,0 +1,276 @@
+// CPU implementation of the split-KV MLA decode. See decode_cpu.h and docs/design.md.
+//
+// Work decomposition, identical to the GPU kernels so that both walk the same schedule:
+//   task (p, m) = part p of the schedule x m-block m (query rows [m*kBlockM, (m+1)*kBlockM)).
+// A task converts its query rows to fp32 once per piece and every KV token row once per KV
+// block, and reuses that token row for all of its query rows (rows of a request share KV).
+#include "cpu/decode_cpu.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "common/combine.h"
+#include "common/config.h"
+#include "common/params.h"
+#include "common/scheduler.h"
+#include "cpu/block_gemm.h"
+
+namespace jax_mla {
+namespace {
+
+using cpu::kBlockGemmTokenTile;
+
+// Converts `count` 16-bit floats to fp32.
+void load_row(DType dtype, const uint16_t* src, int count, float* dst) {
+  if (dtype == DType::kBF16) {
+    for (int i = 0; i < count; ++i) dst[i] = bf16_to_float(src[i]);
+  } else {
+    for (int i = 0; i < count; ++i) dst[i] = fp16_to_float(src[i]);
+  }
+}
+
+// Writes src * scale as 16-bit floats.
+void store_row(DType dtype, const float* src, float scale, int count, uint16_t* dst) {
+  if (dtype == DType::kBF16) {
+    for (int i = 0; i < count; ++i) dst[i] = float_to_bf16(src[i] * scale);
+  } else {
+    for (int i = 0; i < count; ++i) dst[i] = float_to_fp16(src[i] * scale);
+  }
+}
+
+// Per-thread buffers, allocated once per worker and reused by all of its tasks.
+struct TaskScratch {
+  std::vector<float> q;        // (kBlockM, 576) the task's query rows in fp32
+  std::vector<float> kv;       // (kBlockN, 576) one KV block in fp32
+  std::vector<float> acc;      // (kBlockM, 512) un-normalised output: sum_j exp(s_j - max) v_j
+  std::vector<float> row_max;  // (kBlockM) running max of the scaled scores
+  std::vector<float> row_sum;  // (kBlockM) running sum_j exp(s_j - max)
+  std::vector<float> scores;   // (kBlockM, kBlockN) scaled scores, then probabilities, of one block
+  std::vector<float> correction;  // (kBlockM) factor rescaling acc to the new running max
+  std::vector<int> visible;    // (kBlockM) keys each row may see
+  std::vector<int> visible_in_block;  // (kBlockM) of those, keys inside the current block
+
+  TaskScratch()
+      : q(static_cast<size_t>(kBlockM) * kHeadDimQK),
+        kv(static_cast<size_t>(kBlockN) * kHeadDimQK),
+        acc(static_cast<size_t>(kBlockM) * kHeadDimV),
+        row_max(kBlockM),
+        row_sum(kBlockM),
+        scores(static_cast<size_t>(kBlockM) * kBlockN),
+        correction(kBlockM),
+        visible(kBlockM),
+        visible_in_block(kBlockM) {}
+};
+
+class DecodeCpu {
+ public:
+  explicit DecodeCpu(const DecodeParams& p)
+      : p_(p),
+        q_(static_cast<const uint16_t*>(p.q)),
+        kv_cache_(static_cast<const uint16_t*>(p.kv_cache)),
+        out_(static_cast<uint16_t*>(p.out)),
+        split_offsets_(p.schedule + static_cast<int64_t>(p.num_parts) * kPartFields),
+        num_m_blocks_((p.rows + kBlockM - 1) / kBlockM),
+        gemm_(cpu::block_gemm()) {}
+
+  int64_t num_tasks() const { return static_cast<int64_t>(p_.num_parts) * num_m_blocks_; }
+
+  // Task t = (part t / num_m_blocks, m-block t % num_m_blocks).
+  void run_task(int64_t task, TaskScratch& s) const {
+    const int part = static_cast<int>(task / num_m_blocks_);
+    const int m_block = static_cast<int>(task % num_m_blocks_);
+    const int32_t* info = p_.schedule + static_cast<int64_t>(part) * kPartFields;  // (kPartFields)
+    const int row0 = m_block * kBlockM;
+    const int num_rows = std::min(kBlockM, p_.rows - row0);
+    // An empty part has end_req < begin_req and the loop does not run.
+    for (int r = info[kPartBeginReq]; r <= info[kPartEndReq]; ++r) {
+      const PieceOfWork piece = piece_of(info, split_offsets_, p_.seq_lens, r);
+      if (piece.begin_block >= piece.end_block) continue;  // only overhead units of r, or r empty
+      run_piece(piece, row0, num_rows, s);
+    }
+  }
+
+  // Merges the partial results of request r (num_splits >= 2), or writes the empty-request
+  // result (num_splits == 0). Requests with one split were finished by their task.
+  void combine_request(int r, std::vector<float>& weights) const {
+    const int first_slot = split_offsets_[r];
+    const int num_splits = split_offsets_[r + 1] - first_slot;
+    if (num_splits == 1) return;
+    weights.resize(std::max(num_splits, 1));
+    std::vector<float> merged(kHeadDimV);  // (512)
+    for (int row = 0; row < p_.rows; ++row) {
+      const int64_t out_row = static_cast<int64_t>(r) * p_.rows + row;
+      uint16_t* out = out_ + out_row * kHeadDimV;  // (512)
+      if (num_splits == 0) {
+        std::fill(merged.begin(), merged.end(), 0.f);
+        store_row(p_.dtype, merged.data(), 1.f, kHeadDimV, out);
+        p_.lse[out_row] = -INFINITY;
+        continue;
+      }
+      // partial_lse (max_splits, rows): this row's splits are `rows` apart.
+      const float* lse_parts = p_.partial_lse + static_cast<int64_t>(first_slot) * p_.rows + row;
+      const float lse = combine_weights(lse_parts, num_splits, p_.rows, weights.data());
+      std::fill(merged.begin(), merged.end(), 0.f);
+      for (int split = 0; split < num_splits; ++split) {
+        // partial_out (max_splits, rows, 512)
+        const float* o = p_.partial_out + (static_cast<int64_t>(first_slot + split) * p_.rows + row) * kHeadDimV;
+        const float w = weights[split];
+        for (int d = 0; d < kHeadDimV; ++d) merged[d] += w * o[d];
+      }
+      store_row(p_.dtype, merged.data(), 1.f, kHeadDimV, out);
+      p_.lse[out_row] = lse;
+    }
+  }
+
+ private:
+  // Online softmax of rows [row0, row0 + num_rows) of request piece.request over the piece's
+  // KV blocks, then the final or partial write-out.
+  void run_piece(const PieceOfWork& piece, int row0, int num_rows, TaskScratch& s) const {
+    const int r = piece.request;
+    const int seq_len = p_.seq_lens[r];
+    const int32_t* pages = p_.block_table + static_cast<int64_t>(r) * p_.max_pages;  // (max_pages)
+
+    // Query rows of request r: q (b, s_q, h_q, 576) viewed as (b, rows, 576), row = t * h_q + h.
+    const uint16_t* q_rows = q_ + (static_cast<int64_t>(r) * p_.rows + row0) * kHeadDimQK;
+    int max_visible = 0;
+    for (int i = 0; i < num_rows; ++i) {
+      load_row(p_.dtype, q_rows + static_cast<int64_t>(i) * kHeadDimQK, kHeadDimQK, &s.q[i * kHeadDimQK]);
+      const int t = (row0 + i) / p_.heads_q;
+      s.visible[i] = std::min(visible_keys(seq_len, p_.seq_q, t, p_.causal), seq_len);
+      max_visible = std::max(max_visible, s.visible[i]);
+      s.row_max[i] = -INFINITY;
+      s.row_sum[i] = 0.f;
+    }
+    std::fill(s.acc.begin(), s.acc.begin() + static_cast<int64_t>(num_rows) * kHeadDimV, 0.f);
+
+    for (int block = piece.begin_block; block < piece.end_block; ++block) {
+      const int token0 = block * kBlockN;
+      // Tokens past what any row of the task may see are never loaded.
+      const int token_end = std::min({token0 + kBlockN, seq_len, max_visible});
+      if (token_end <= token0) break;  // later blocks are even further out
+      const int num_tokens = token_end - token0;
+
+      // KV block -> fp32, padded with zero rows to whole token tiles (their scores are ignored).
+      const int padded_tokens = (num_tokens + kBlockGemmTokenTile - 1) / kBlockGemmTokenTile * kBlockGemmTokenTile;
+      for (int j = 0; j < num_tokens; ++j) {
+        // kv_cache (num_pages, page_size, 576): token j lives in page block_table[r, j / page_size].
+        const int token = token0 + j;
+        const int64_t page = pages[token / p_.page_size];
+        const uint16_t* kv_row = kv_cache_ + (page * p_.page_size + token % p_.page_size) * kHeadDimQK;
+        load_row(p_.dtype, kv_row, kHeadDimQK, &s.kv[static_cast<int64_t>(j) * kHeadDimQK]);
+      }
+      std::fill(s.kv.begin() + static_cast<int64_t>(num_tokens) * kHeadDimQK,
+                s.kv.begin() + static_cast<int64_t>(padded_tokens) * kHeadDimQK, 0.f);
+
+      // S = Q K^T (scaled below).
+      gemm_.qk(s.q.data(), num_rows, s.kv.data(), padded_tokens, s.scores.data());
+
+      // Online softmax per row over its visible prefix of the block: S -> P = exp(S - max).
+      for (int i = 0; i < num_rows; ++i) {
+        const int n = std::min(token_end, s.visible[i]) - token0;  // keys row i sees in this block
+        s.visible_in_block[i] = std::max(n, 0);
+        if (n <= 0) continue;
+        float* score = &s.scores[i * kBlockN];  // (kBlockN)
+        float block_max = -INFINITY;
+        for (int j = 0; j < n; ++j) {
+          score[j] *= p_.softmax_scale;
+          // NaN never becomes the max; it still poisons the sums below, as NaN data should.
+          block_max = score[j] > block_max ? score[j] : block_max;
+        }
+        const float new_max = std::max(s.row_max[i], block_max);
+        float block_sum = 0.f;
+        for (int j = 0; j < n; ++j) {
+          score[j] = std::exp(score[j] - new_max);
+          block_sum += score[j];
+        }
+        s.correction[i] = std::exp(s.row_max[i] - new_max);  // 0 for the row's first key
+        s.row_max[i] = new_max;
+        s.row_sum[i] = s.row_sum[i] * s.correction[i] + block_sum;
+      }
+
+      // acc = acc * correction + P V for the rows that saw keys in this block.
+      gemm_.pv(s.acc.data(), s.correction.data(), s.scores.data(), s.visible_in_block.data(), num_rows, s.kv.data());
+    }
+
+    for (int i = 0; i < num_rows; ++i) {
+      const int row = row0 + i;
+      const float* acc = &s.acc[static_cast<int64_t>(i) * kHeadDimV];
+      // row_sum is >= 1 once a key was seen (the max key contributes exp(0)), NaN with NaN
+      // data, and exactly 0 only when the row saw no key in this piece.
+      const bool empty = s.row_sum[i] == 0.f;
+      const float inv_sum = empty ? 0.f : 1.f / s.row_sum[i];
+      const float lse = empty ? -INFINITY : s.row_max[i] + std::log(s.row_sum[i]);
+      if (piece.num_splits == 1) {
+        const int64_t out_row = static_cast<int64_t>(r) * p_.rows + row;
+        store_row(p_.dtype, acc, inv_sum, kHeadDimV, out_ + out_row * kHeadDimV);  // out (b, rows, 512)
+        p_.lse[out_row] = lse;                                                        // lse (b, rows)
+      } else {
+        const int64_t slot_row = static_cast<int64_t>(piece.slot) * p_.rows + row;
+        float* partial = p_.partial_out + slot_row * kHeadDimV;  // partial_out (max_splits, rows, 512)
+        for (int d = 0; d < kHeadDimV; ++d) partial[d] = acc[d] * inv_sum;
+        p_.partial_lse[slot_row] = lse;  // partial_lse (max_splits, rows)
+      }
+    }
+  }
+
+  const DecodeParams& p_;
+  const uint16_t* q_;               // (b, rows, 576)
+  const uint16_t* kv_cache_;        // (num_pages, page_size, 576)
+  uint16_t* out_;                   // (b, rows, 512)
+  const int32_t* split_offsets_;    // (b + 1)
+  int num_m_blocks_;
+  const cpu::BlockGemm& gemm_;
+};
+
+// Runs body(item, worker_state) for item in [0, num_items) on up to num_threads threads
+// (the calling thread included), handing out items through an atomic counter. The per-thread
+// states are allocated up front on the calling thread, so an allocation failure surfaces there
+// (as std::bad_alloc, before any thread starts) rather than inside a worker.
+template <typename State, typename Body>
+void parallel_for(int64_t num_items, int num_threads, Body body) {
+  const int workers = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, num_items)));
+  std::vector<State> states(workers);
+  std::atomic<int64_t> next{0};
+  auto work = [&](State& state) {
+    for (int64_t item = next.fetch_add(1); item < num_items; item = next.fetch_add(1)) body(item, state);
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(workers - 1);
+  for (int w = 1; w < workers; ++w) {
+    try {
+      threads.emplace_back(work, std::ref(states[w]));
+    } catch (const std::system_error&) {
+      break;  // no more threads available: the running ones (this one included) take the rest
+    }
+  }
+  work(states[0]);
+  for (std::thread& t : threads) t.join();
+}
+
+}  // namespace
+
+void decode_cpu(const DecodeParams& params, int max_threads) {
+  int num_threads = max_threads > 0 ? max_threads : static_cast<int>(std::thread::hardware_concurrency());
+  num_threads = std::max(num_threads, 1);
+  const DecodeCpu decode(params);
+
+  parallel_for<TaskScratch>(decode.num_tasks(), num_threads,
+                            [&](int64_t task, TaskScratch& s) { decode.run_task(task, s); });
+
+  // The combine moves rows * 512 floats per split: only worth threads for large batches.
+  const int64_t splits_used = params.schedule[static_cast<int64_t>(params.num_parts) * kPartFields + params.batch];
+  const int64_t combine_floats = splits_used * params.rows * kHeadDimV;
+  const int combine_threads = combine_floats >= (int64_t{1} << 20) ? num_threads : 1;
+  parallel_for<std::vector<float>>(params.batch, combine_threads,
+                                   [&](int64_t r, std::vector<float>& weights) {
+                                     decode.combine_request(static_cast<int>(r), weights);
+                                   });
+}
+
+}  // namespace jax_mla
