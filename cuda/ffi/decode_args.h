@@ -1,0 +1,199 @@
+// Static checks of the jax_mla_decode / jax_mla_decode_schedule buffers and attributes (what can
+// be checked without reading device data), and the DecodeParams they describe. Header-only so
+// that the CPU handler and the CUDA handler report the same messages for the same mistakes.
+//
+// Buffer order and shapes are the contract of docs/design.md ("FFI targets").
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include "common/config.h"
+#include "common/params.h"
+#include "common/scheduler.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_mla {
+namespace ffi_args {
+
+namespace ffi = ::xla::ffi;
+
+// ffi::Error(kInvalidArgument, "<target>: " + the streamed arguments).
+template <typename... Parts>
+ffi::Error invalid_argument(const char* target, const Parts&... parts) {
+  std::ostringstream os;
+  os << target << ": ";
+  (os << ... << parts);
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, os.str());
+}
+
+// "(2, 1, 16, 576)"
+inline std::string shape_string(ffi::AnyBuffer::Dimensions dims) {
+  std::string s = "(";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(dims[i]);
+  }
+  return s + (dims.size() == 1 ? ",)" : ")");
+}
+
+inline const char* dtype_name(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::BF16: return "bfloat16";
+    case ffi::DataType::F16: return "float16";
+    case ffi::DataType::F32: return "float32";
+    case ffi::DataType::F64: return "float64";
+    case ffi::DataType::S32: return "int32";
+    case ffi::DataType::S64: return "int64";
+    case ffi::DataType::U8: return "uint8";
+    default: return "an unsupported dtype";
+  }
+}
+
+inline constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
+
+// Checks the operands and results of jax_mla_decode and fills every field of `params` except
+// the split-KV scratch pointers (partial_lse, partial_out), which are platform specific, and
+// `schedule`, which is null when the schedule operand has shape (0,) (compute it in the op).
+inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576) bf16 | f16
+                               ffi::AnyBuffer kv_cache,     // (num_pages, page_size, 576) q's dtype
+                               ffi::AnyBuffer block_table,  // (b, max_pages) s32
+                               ffi::AnyBuffer seq_lens,     // (b,) s32
+                               ffi::AnyBuffer schedule,     // (0,) or (schedule_size(b, num_parts),) s32
+                               ffi::AnyBuffer out,          // (b, s_q, h_q, 512) q's dtype
+                               ffi::AnyBuffer lse,          // (b, s_q, h_q) f32
+                               float softmax_scale, bool causal, int32_t num_parts, DecodeParams* params) {
+  constexpr const char* kTarget = "jax_mla_decode";
+
+  // q fixes b, s_q, h_q and the dtype; everything else is checked against it.
+  const auto qd = q.dimensions();
+  if (qd.size() != 4 || qd[3] != kHeadDimQK) {
+    return invalid_argument(kTarget, "q must have shape (b, s_q, h_q, ", kHeadDimQK, "), got ", shape_string(qd));
+  }
+  const ffi::DataType dtype = q.element_type();
+  if (dtype != ffi::DataType::BF16 && dtype != ffi::DataType::F16) {
+    return invalid_argument(kTarget, "q must be bfloat16 or float16, got ", dtype_name(dtype));
+  }
+  const int64_t batch = qd[0], seq_q = qd[1], heads_q = qd[2];
+  if (batch > kIntMax) return invalid_argument(kTarget, "batch size ", batch, " exceeds ", kIntMax);
+  if (seq_q < 1 || seq_q > kMaxSeqQ) {
+    return invalid_argument(kTarget, "s_q = q.shape[1] = ", seq_q, " must be in [1, ", kMaxSeqQ, "]");
+  }
+  if (heads_q < 1 || heads_q > kMaxHeadsQ) {
+    return invalid_argument(kTarget, "h_q = q.shape[2] = ", heads_q, " must be in [1, ", kMaxHeadsQ, "]");
+  }
+
+  const auto kd = kv_cache.dimensions();
+  if (kd.size() != 3 || kd[2] != kHeadDimQK) {
+    return invalid_argument(kTarget, "kv_cache must have shape (num_pages, page_size, ", kHeadDimQK, "), got ",
+                            shape_string(kd));
+  }
+  if (kv_cache.element_type() != dtype) {
+    return invalid_argument(kTarget, "kv_cache dtype ", dtype_name(kv_cache.element_type()),
+                            " differs from q dtype ", dtype_name(dtype));
+  }
+  const int64_t num_pages = kd[0], page_size = kd[1];
+  if (page_size < 1) return invalid_argument(kTarget, "kv_cache page_size = kv_cache.shape[1] must be >= 1, got ", page_size);
+  if (num_pages > kIntMax || page_size > kIntMax) {
+    return invalid_argument(kTarget, "kv_cache shape ", shape_string(kd), " has a dimension above ", kIntMax);
+  }
+
+  const auto bd = block_table.dimensions();
+  if (block_table.element_type() != ffi::DataType::S32) {
+    return invalid_argument(kTarget, "block_table must be int32, got ", dtype_name(block_table.element_type()));
+  }
+  if (bd.size() != 2 || bd[0] != batch) {
+    return invalid_argument(kTarget, "block_table must have shape (b, max_pages) with b = ", batch,
+                            " (from q), got ", shape_string(bd));
+  }
+  const int64_t max_pages = bd[1];
+  if (max_pages > kIntMax) return invalid_argument(kTarget, "block_table has ", max_pages, " columns, above ", kIntMax);
+
+  const auto sd = seq_lens.dimensions();
+  if (seq_lens.element_type() != ffi::DataType::S32) {
+    return invalid_argument(kTarget, "seq_lens must be int32, got ", dtype_name(seq_lens.element_type()));
+  }
+  if (sd.size() != 1 || sd[0] != batch) {
+    return invalid_argument(kTarget, "seq_lens must have shape (b,) with b = ", batch, " (from q), got ", shape_string(sd));
+  }
+
+  if (num_parts < 1) return invalid_argument(kTarget, "num_parts must be >= 1, got ", num_parts);
+  const auto schd = schedule.dimensions();
+  if (schedule.element_type() != ffi::DataType::S32) {
+    return invalid_argument(kTarget, "schedule must be int32, got ", dtype_name(schedule.element_type()));
+  }
+  const int64_t expected_schedule = schedule_size(batch, num_parts);
+  if (schd.size() != 1 || (schd[0] != 0 && schd[0] != expected_schedule)) {
+    return invalid_argument(kTarget, "schedule must have shape (0,) or (schedule_size(b=", batch, ", num_parts=", num_parts,
+                            ") = ", expected_schedule, ",), got ", shape_string(schd));
+  }
+
+  const auto od = out.dimensions();
+  if (od.size() != 4 || od[0] != batch || od[1] != seq_q || od[2] != heads_q || od[3] != kHeadDimV) {
+    return invalid_argument(kTarget, "out must have shape (", batch, ", ", seq_q, ", ", heads_q, ", ", kHeadDimV,
+                            "), got ", shape_string(od));
+  }
+  if (out.element_type() != dtype) {
+    return invalid_argument(kTarget, "out dtype ", dtype_name(out.element_type()), " differs from q dtype ",
+                            dtype_name(dtype));
+  }
+  const auto ld = lse.dimensions();
+  if (ld.size() != 3 || ld[0] != batch || ld[1] != seq_q || ld[2] != heads_q) {
+    return invalid_argument(kTarget, "lse must have shape (", batch, ", ", seq_q, ", ", heads_q, "), got ",
+                            shape_string(ld));
+  }
+  if (lse.element_type() != ffi::DataType::F32) {
+    return invalid_argument(kTarget, "lse must be float32, got ", dtype_name(lse.element_type()));
+  }
+
+  DecodeParams& p = *params;
+  p = DecodeParams{};
+  p.batch = static_cast<int>(batch);
+  p.seq_q = static_cast<int>(seq_q);
+  p.heads_q = static_cast<int>(heads_q);
+  p.rows = static_cast<int>(seq_q * heads_q);
+  p.num_pages = static_cast<int>(num_pages);
+  p.page_size = static_cast<int>(page_size);
+  p.max_pages = static_cast<int>(max_pages);
+  p.num_parts = num_parts;
+  p.dtype = dtype == ffi::DataType::BF16 ? DType::kBF16 : DType::kF16;
+  p.softmax_scale = softmax_scale;
+  p.causal = causal;
+  p.q = q.untyped_data();
+  p.kv_cache = kv_cache.untyped_data();
+  p.block_table = static_cast<const int32_t*>(block_table.untyped_data());
+  p.seq_lens = static_cast<const int32_t*>(seq_lens.untyped_data());
+  p.schedule = schd[0] == 0 ? nullptr : static_cast<const int32_t*>(schedule.untyped_data());
+  p.out = out.untyped_data();
+  p.lse = static_cast<float*>(lse.untyped_data());
+  p.partial_lse = nullptr;
+  p.partial_out = nullptr;
+  return ffi::Error::Success();
+}
+
+// Checks the operand, result and attribute of jax_mla_decode_schedule; returns the batch size.
+inline ffi::Error check_schedule(ffi::AnyBuffer seq_lens,  // (b,) s32
+                                 ffi::AnyBuffer schedule,  // (schedule_size(b, num_parts),) s32
+                                 int32_t num_parts, int* batch) {
+  constexpr const char* kTarget = "jax_mla_decode_schedule";
+  const auto sd = seq_lens.dimensions();
+  if (seq_lens.element_type() != ffi::DataType::S32 || sd.size() != 1) {
+    return invalid_argument(kTarget, "seq_lens must be an int32 vector (b,), got ", dtype_name(seq_lens.element_type()),
+                            " ", shape_string(sd));
+  }
+  if (sd[0] > kIntMax) return invalid_argument(kTarget, "batch size ", sd[0], " exceeds ", kIntMax);
+  if (num_parts < 1) return invalid_argument(kTarget, "num_parts must be >= 1, got ", num_parts);
+  const int64_t expected = schedule_size(sd[0], num_parts);
+  const auto rd = schedule.dimensions();
+  if (schedule.element_type() != ffi::DataType::S32 || rd.size() != 1 || rd[0] != expected) {
+    return invalid_argument(kTarget, "schedule result must be int32 (schedule_size(b=", sd[0], ", num_parts=", num_parts,
+                            ") = ", expected, ",), got ", dtype_name(schedule.element_type()), " ", shape_string(rd));
+  }
+  *batch = static_cast<int>(sd[0]);
+  return ffi::Error::Success();
+}
+
+}  // namespace ffi_args
+}  // namespace jax_mla
