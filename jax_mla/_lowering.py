@@ -19,7 +19,7 @@ import jax.ffi
 import numpy as np
 from jax.interpreters import mlir
 
-from . import _primitive
+from . import _primitive, _validate
 
 try:
     from . import _ext
@@ -74,6 +74,7 @@ def _decode_lowering_cuda(ctx, q, kv_cache, block_table, seq_lens, schedule, *, 
     # result, so that it allocates nothing at run time (CUDA-graph safe). The primitive does not
     # expose it: lower with one more result and drop it.
     b, s_q, h_q, _ = ctx.avals_in[0].shape
+    _validate.check_gpu_page_size(ctx.avals_in[1].shape[1])
     workspace = jax.core.ShapedArray((int(_ext.workspace_bytes(b, s_q * h_q, num_parts)),), np.uint8)
     ctx_ws = ctx.replace(avals_out=[*ctx.avals_out, workspace])
     results = _decode_ffi(ctx_ws, q, kv_cache, block_table, seq_lens, schedule,

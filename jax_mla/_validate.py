@@ -25,6 +25,8 @@ HEAD_DIM_V = 512
 MAX_SEQ_Q = 8
 MAX_HEADS_Q = 128
 BLOCK_M = 64  # query rows per CTA / CPU task
+MIN_GPU_PAGE_SIZE = 16   # the GPU kernels need a power-of-two page size in this range
+MAX_GPU_PAGE_SIZE = 256
 PART_FIELDS = 8  # int32 fields per part in the schedule (cuda/common/scheduler.h)
 _INT32_MAX = 2**31 - 1
 
@@ -182,6 +184,15 @@ def check_concrete_seq_lens(seq_lens: Any, block_table: Any, dims: DecodeDims,
             f"(seq_lens[{r}] = {int(lens[r])} reads its first {int(used[r])} entries)")
 
 
+def check_gpu_page_size(page_size: int, where: str = "mla_decode") -> None:
+    """The GPU kernels' extra requirement (checked when lowering for CUDA; the CPU kernel takes
+    any page size)."""
+    if not (MIN_GPU_PAGE_SIZE <= page_size <= MAX_GPU_PAGE_SIZE and page_size & (page_size - 1) == 0):
+        raise ValueError(
+            f"{where}: on CUDA, kv_cache must have a power-of-two page_size in "
+            f"[{MIN_GPU_PAGE_SIZE}, {MAX_GPU_PAGE_SIZE}] (dimension 1), got page_size = {page_size}")
+
+
 # ----------------------------------------------------------------------------------------------
 # Static (non-array) parameters
 # ----------------------------------------------------------------------------------------------
@@ -201,7 +212,7 @@ def check_softmax_scale(softmax_scale: Any, where: str = "mla_decode") -> float:
             f"{where}: softmax_scale must be a static Python or NumPy real number, "
             f"got {type(softmax_scale).__name__}")
     value = float(softmax_scale)
-    if not np.isfinite(value) or not np.isfinite(np.float32(value)):
+    if not np.isfinite(value) or abs(value) > float(np.finfo(np.float32).max):
         raise ValueError(f"{where}: softmax_scale must be finite in float32, got {value}")
     return value
 
