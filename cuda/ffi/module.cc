@@ -37,7 +37,12 @@ nb::dict registrations() {
   decode_stages["execute"] = handler_capsule(MlaDecodeCudaExecute);
   nb::dict cuda;
   cuda["jax_mla_decode"] = decode_stages;
-  cuda["jax_mla_decode_schedule"] = handler_capsule(MlaDecodeScheduleCudaExecute);
+  // Both targets share the initialize stage: it caches device properties and raises the kernels'
+  // shared-memory limits once per device, so the execute stages only launch work.
+  nb::dict schedule_stages;
+  schedule_stages["initialize"] = handler_capsule(MlaDecodeCudaInitialize);
+  schedule_stages["execute"] = handler_capsule(MlaDecodeScheduleCudaExecute);
+  cuda["jax_mla_decode_schedule"] = schedule_stages;
   platforms["CUDA"] = cuda;
 #endif
   return platforms;

@@ -1,0 +1,180 @@
+"""Benchmark of jax_mla.mla_decode on the configurations of configs.py; prints a table.
+
+Method (docs/performance.md): every timed call reads a KV cache that is not L2-resident (the
+cache holds several disjoint page sets and consecutive calls use different block tables, so each
+call reads pages the previous one did not); calls are issued back to back, many per jitted step
+(XLA cannot merge or hoist them: their block tables differ), after warm-up; the per-call time is the
+median over repeats of (step time / calls per step). With --graphs (default on GPU) XLA command
+buffers capture the step into a CUDA graph, so launch overhead stays off the GPU's critical path.
+
+Usage: python benchmarks/bench_decode.py [--only NAME] [--xla] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from configs import CONFIGS, COPY_GBPS, MATMUL_TFLOPS, Config  # noqa: E402
+
+L2_BYTES = 60 * 2**20
+PAGE_SIZE = 64
+
+
+def _setup_xla_flags(graphs: bool) -> None:
+    if graphs:
+        flags = os.environ.get("XLA_FLAGS", "")
+        flags += " --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
+        os.environ["XLA_FLAGS"] = flags.strip()
+
+
+def build_inputs(cfg: Config, rng, jnp, np, num_sets: int):
+    """q, the cache with `num_sets` disjoint page sets, and one block table per set."""
+    seq_lens = cfg.seq_lens()
+    pages_per_req = np.maximum(1, -(-seq_lens // PAGE_SIZE))
+    max_pages = int(pages_per_req.max())
+    pages_per_set = int(pages_per_req.sum())
+    num_pages = pages_per_set * num_sets
+    perm = rng.permutation(num_pages).astype(np.int32)
+    tables = np.zeros((num_sets, cfg.batch, max_pages), np.int32)
+    k = 0
+    for s in range(num_sets):
+        for r in range(cfg.batch):
+            n = int(pages_per_req[r])
+            tables[s, r, :n] = perm[k:k + n]
+            k += n
+    import jax
+    key = jax.random.PRNGKey(int(rng.integers(1 << 30)))
+    kq, kk = jax.random.split(key)
+    q = jax.random.normal(kq, (cfg.batch, cfg.seq_q, cfg.heads, 576), jnp.float32).astype(jnp.bfloat16)
+    cache = jax.random.normal(kk, (num_pages, PAGE_SIZE, 576), jnp.float32).astype(jnp.bfloat16)
+    return q, cache, jnp.asarray(tables), jnp.asarray(seq_lens)
+
+
+def time_step(fn, args, repeats: int, calls: int) -> float:
+    """Median microseconds per call."""
+    import jax
+    jax.block_until_ready(fn(*args))  # compile + warm-up
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def measure_ceilings():
+    """Device-to-device copy bandwidth (read + write) and bf16 matmul rate on this machine."""
+    import jax
+    import jax.numpy as jnp
+    x = jnp.ones((1 << 30,), jnp.float32)  # 4 GiB
+    copy = jax.jit(lambda a: a * 1.000001)
+    us = time_step(copy, (x,), 10, 1)
+    copy_gbps = 2 * x.nbytes / (us * 1e-6) / 1e9
+    del x
+    n = 8192
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.bfloat16)
+    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.bfloat16)
+    mm = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
+    us = time_step(mm, (a, b), 10, 1)
+    return copy_gbps, 2 * n**3 / (us * 1e-6) / 1e12
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default=None, help="substring of config names to run")
+    ap.add_argument("--xla", action="store_true", help="also time the plain-XLA reference")
+    ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--no-ceilings", action="store_true")
+    args = ap.parse_args()
+    _setup_xla_flags(not args.no_graphs)
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jax_mla
+    from jax_mla import reference
+
+    backend = jax.default_backend()
+    print(f"# jax {jax.__version__}, backend {backend}, device {jax.devices()[0].device_kind}", flush=True)
+    copy_gbps, mm_tflops = COPY_GBPS, MATMUL_TFLOPS
+    if backend == "gpu" and not args.no_ceilings:
+        copy_gbps, mm_tflops = measure_ceilings()
+        print(f"# measured ceilings: copy {copy_gbps:.0f} GB/s, bf16 matmul {mm_tflops:.0f} TFLOP/s "
+              f"(facts file: {COPY_GBPS:.0f}, {MATMUL_TFLOPS:.0f})", flush=True)
+
+    rng = np.random.default_rng(1234)
+    rows = []
+    for cfg in CONFIGS:
+        if args.only and args.only not in cfg.name:
+            continue
+        kv_bytes = float(cfg.seq_lens().sum()) * 576 * 2
+        num_sets = max(2, min(16, math.ceil(4 * L2_BYTES / kv_bytes)))
+        calls = max(num_sets, min(64, math.ceil(4000 / max(cfg.best_graph_us, 1.0))))
+        q, cache, tables, seq_lens = build_inputs(cfg, rng, jnp, np, num_sets)
+
+        def make_step(op):
+            def step(q, cache, tables, seq_lens):
+                acc = jnp.zeros((), jnp.float32)
+                for i in range(calls):
+                    out = op(q, cache, tables[i % num_sets], seq_lens)
+                    acc = acc + out[0, 0, 0, i % 512].astype(jnp.float32)
+                return acc
+            return jax.jit(step)
+
+        op = lambda q, c, t, s: jax_mla.mla_decode(q, c, t, s, causal=cfg.causal)  # noqa: E731
+        # Sanity: one call against the reference (a benchmark of a wrong kernel is worthless).
+        out = jax.jit(op)(q, cache, tables[0], seq_lens)
+        ref, _ = reference.mla_decode_reference(q, cache, tables[0], seq_lens, causal=cfg.causal,
+                                                out_dtype=jnp.float32)
+        err = float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
+        us = time_step(make_step(op), (q, cache, tables, seq_lens), args.repeats, calls)
+        row = dict(name=cfg.name, impl="jax_mla", us=us, rel_err=err, calls=calls, sets=num_sets)
+        rows.append(row)
+        if args.xla:
+            xla_op = lambda q, c, t, s: reference.mla_decode_reference(q, c, t, s, causal=cfg.causal)[0]  # noqa
+            xcalls = max(2, calls // 8)
+            def xstep(q, cache, tables, seq_lens, xcalls=xcalls):
+                acc = jnp.zeros((), jnp.float32)
+                for i in range(xcalls):
+                    acc = acc + xla_op(q, cache, tables[i % num_sets], seq_lens)[0, 0, 0, i].astype(jnp.float32)
+                return acc
+            xus = time_step(jax.jit(xstep), (q, cache, tables, seq_lens), max(3, args.repeats // 3), xcalls)
+            rows.append(dict(name=cfg.name, impl="plain-xla", us=xus, rel_err=float("nan"), calls=xcalls,
+                             sets=num_sets))
+        for r in rows[-(2 if args.xla else 1):]:
+            r["gbps"] = cfg.bytes() / (r["us"] * 1e-6) / 1e9
+            r["tflops"] = cfg.flops() / (r["us"] * 1e-6) / 1e12
+            r["pct_bw"] = 100 * r["gbps"] / copy_gbps
+            r["pct_mm"] = 100 * r["tflops"] / mm_tflops
+            r["vs_best"] = r["us"] / cfg.best_graph_us
+            print(f"# {r['name']:<26} {r['impl']:<9} {r['us']:9.1f} us  err {r['rel_err']:.2e}", flush=True)
+        del q, cache, tables, seq_lens
+
+    print()
+    print(f"{'config':<26} {'impl':<9} {'us':>8} {'GB/s':>7} {'TFLOP/s':>8} {'%copy':>6} {'%mm':>5} "
+          f"{'x best':>7} {'relerr':>8}")
+    for r in rows:
+        print(f"{r['name']:<26} {r['impl']:<9} {r['us']:8.1f} {r['gbps']:7.0f} {r['tflops']:8.1f} "
+              f"{r['pct_bw']:6.1f} {r['pct_mm']:5.1f} {r['vs_best']:7.2f} {r['rel_err']:8.1e}")
+    print("x best = our back-to-back time / FlashMLA's back-to-back graph-replay time (facts file); < 1 is faster.")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(copy_gbps=copy_gbps, matmul_tflops=mm_tflops, rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

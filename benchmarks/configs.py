@@ -1,0 +1,54 @@
+"""The benchmark configurations and the best existing kernel's numbers on the same GPU model.
+
+Source: ../shared/design/mla-decode-facts.md (FlashMLA SM90 dense decode, bf16, page size 64, H200,
+measured 2026-12-02). Bytes and FLOPs are counted the same way as there:
+  FLOPs = 2 * s_q * sum(seq_len) * h_q * (576 + 512)
+  bytes = 2 * (sum(seq_len) * 576 + b * s_q * h_q * (576 + 512))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+# Ceilings measured on an H200 (facts file); the benchmark re-measures them on the machine it runs on.
+COPY_GBPS = 4274.0     # device-to-device copy, read + write counted
+MATMUL_TFLOPS = 685.0  # bf16 8192^3, sustained
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    name: str
+    batch: int
+    seq_q: int
+    heads: int
+    seq_len: int | None          # fixed length, or None for varied lengths
+    causal: bool = False
+    varied: tuple[int, int] | None = None  # (low, high) inclusive, drawn with seed 0
+    best_isolated_us: float = 0.0  # FlashMLA, isolated calls
+    best_graph_us: float = 0.0     # FlashMLA, back-to-back graph replay
+
+    def seq_lens(self) -> np.ndarray:
+        if self.varied is None:
+            return np.full((self.batch,), self.seq_len, np.int32)
+        rng = np.random.default_rng(0)
+        return rng.integers(self.varied[0], self.varied[1] + 1, size=self.batch).astype(np.int32)
+
+    def flops(self) -> float:
+        return 2.0 * self.seq_q * float(self.seq_lens().sum()) * self.heads * (576 + 512)
+
+    def bytes(self) -> float:
+        return 2.0 * (float(self.seq_lens().sum()) * 576 + self.batch * self.seq_q * self.heads * (576 + 512))
+
+
+CONFIGS = [
+    Config("b128_sq1_h128_4k", 128, 1, 128, 4096, best_isolated_us=228.7, best_graph_us=250.5),
+    Config("b128_sq2_h128_4k_causal", 128, 2, 128, 4096, causal=True, best_isolated_us=427.7, best_graph_us=477.3),
+    Config("b64_sq1_h16_8k", 64, 1, 16, 8192, best_isolated_us=167.8, best_graph_us=172.0),
+    Config("b32_sq1_h64_4k", 32, 1, 64, 4096, best_isolated_us=56.2, best_graph_us=59.5),
+    Config("b1_sq1_h128_32k", 1, 1, 128, 32768, best_isolated_us=44.3, best_graph_us=50.4),
+    Config("b16_sq1_h128_1k", 16, 1, 128, 1024, best_isolated_us=23.6, best_graph_us=27.4),
+    Config("b128_sq1_h128_varied", 128, 1, 128, None, varied=(1, 9128), best_isolated_us=250.0,
+           best_graph_us=269.7),
+]

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# One full call on the GPU machine (the `device` tool's H200): install jax_mla, run the GPU tests,
+# optionally compute-sanitizer, then the benchmark; the benchmark's table is printed last.
+#
+#   bash benchmarks/device_run.sh [all|tests|bench|sanitize]...   (default: tests bench)
+#
+# Install: a wheel carried in .whl-dist/ (built on the CPU machine, see docs/performance.md) when it
+# imports there; otherwise a build on the spot with --no-build-isolation (the GPU machine has no
+# network; it has nvcc, cmake, ninja, nanobind, scikit-build-core and jax with the CUDA plugin).
+# Logs go to $OUT (or ./device-out) so they come back even when a step fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/device-out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests bench)
+has() { for s in "${steps[@]}"; do [ "$s" = "$1" ] || [ "$s" = all ] && return 0; done; return 1; }
+status=0
+
+echo "== machine"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader
+python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
+
+echo "== install"
+SITE=/tmp/jax_mla_site
+rm -rf "$SITE"; mkdir -p "$SITE"
+installed=0
+if ls .whl-dist/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-deps --no-index --target "$SITE" .whl-dist/jax_mla-*.whl &&
+    PYTHONPATH="$SITE" python3 -c "import jax_mla._ext as e; assert e.has_cuda(); print('prebuilt wheel ok, sms', e.cuda_sm_count())" &&
+    installed=1
+fi
+if [ $installed = 0 ]; then
+  echo "building on the device (no usable prebuilt wheel)"
+  rm -rf "$SITE"; mkdir -p "$SITE"
+  t0=$(date +%s)
+  CMAKE_BUILD_PARALLEL_LEVEL=16 JAX_MLA_CUDA=ON python3 -m pip install -q --no-deps --no-build-isolation \
+      --target "$SITE" . > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+  echo "built in $(( $(date +%s) - t0 )) s"
+fi
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export JAX_MLA_REQUIRE_GPU=1
+
+if has tests; then
+  echo "== GPU tests"
+  python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.log" | tail -40
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+
+if has sanitize; then
+  echo "== compute-sanitizer (small cases)"
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --target-processes all --error-exitcode 99 \
+      python3 tests/gpu_sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
+    rc=$?
+    echo "$tool: exit $rc"; tail -5 "$OUT/sanitize_$tool.log"
+    [ $rc = 0 ] || status=1
+  done
+fi
+
+if has bench; then
+  echo "== benchmark"
+  python3 benchmarks/bench_decode.py --xla --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v "^#" | tail -20
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+exit $status
