@@ -42,16 +42,21 @@ fi
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export JAX_MLA_REQUIRE_GPU=1
 
+# A hung kernel must not eat the whole lease: every step runs under a timeout, and a failed
+# smoke test stops the run.
+echo "== smoke"
+timeout 120 python3 tests/gpu_sanitize_cases.py || { echo "smoke test failed or hung (exit $?)"; exit 1; }
+
 if has tests; then
   echo "== GPU tests"
-  python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.log" | tail -40
+  timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.log" | tail -40
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 
 if has sanitize; then
   echo "== compute-sanitizer (small cases)"
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --target-processes all --error-exitcode 99 \
+    timeout 300 compute-sanitizer --tool $tool --target-processes all --error-exitcode 99 \
       python3 tests/gpu_sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
     rc=$?
     echo "$tool: exit $rc"; tail -5 "$OUT/sanitize_$tool.log"
@@ -61,7 +66,7 @@ fi
 
 if has bench; then
   echo "== benchmark"
-  python3 benchmarks/bench_decode.py --xla --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v "^#" | tail -20
+  timeout "${BENCH_TIMEOUT:-240}" python3 benchmarks/bench_decode.py --xla --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v "^#" | tail -20
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 exit $status

@@ -1,0 +1,49 @@
+"""A few small GPU cases run as a plain script: the smoke test of benchmarks/device_run.sh and the
+program compute-sanitizer (memcheck, racecheck) runs. Not collected by pytest (no test_ prefix).
+Exits non-zero when a result differs from the reference."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+sys.path.insert(0, os.path.dirname(__file__))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import cases  # noqa: E402
+import jax_mla  # noqa: E402
+
+SMALL = [
+    # odd tile count, partial last page, two requests split over parts
+    cases.Case(lens=(200, 3), h_q=16, page_size=64, seed=1),
+    # s_q > 1 causal, 128 rows (two row blocks), small pages, an empty request
+    cases.Case(lens=(130, 0, 64), s_q=2, h_q=64, page_size=16, causal=True, seed=2),
+    # many parts per request (combine), big pages
+    cases.Case(lens=(1000,), h_q=128, page_size=256, seed=3),
+]
+
+
+def main() -> int:
+    gpu = jax.devices("gpu")[0]
+    bad = 0
+    for case in SMALL:
+        data = cases.make(case)
+        args = [jax.device_put(x, gpu) for x in data.args]
+        out, lse = jax_mla.mla_decode(*args, causal=case.causal, return_lse=True)
+        out, lse = np.asarray(out), np.asarray(lse)
+        with jax.default_device(jax.devices("cpu")[0]):
+            ref_out, ref_lse = cases.reference(data)
+        try:
+            cases.assert_close_rel_l2(out, lse, ref_out, ref_lse, out_tol=1e-2, lse_tol=1e-3)
+            print("ok  ", case.id, flush=True)
+        except AssertionError as e:
+            bad += 1
+            print("FAIL", case.id, str(e)[:400], flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
