@@ -133,7 +133,7 @@ __device__ __forceinline__ void softmax_step(SharedStorage<Element>& s, const De
                                              const KVConsumer<kNumKvStages>& kv,
                                              const PipelineState<kNumKvStages>& st, const RowCoords& rc, int consumer,
                                              int first_token, int seq_len, const int (&visible)[2], int visible_min,
-                                             float scale_log2, bool counts_toward_sum, bool zero_dead_rows,
+                                             float scale_log2, bool counts_toward_sum, bool share_p,
                                              ScoreFragment& sc, uint32_t (&p_regs)[4][4], float (&m)[2],
                                              float (&l)[2], float (&alpha)[2]) {
   const int thread = threadIdx.x % 128;
@@ -160,11 +160,11 @@ __device__ __forceinline__ void softmax_step(SharedStorage<Element>& s, const De
 #pragma unroll
   for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + (counts_toward_sum ? tile_sum[i] : 0.f);
   p_to_operand<Element>(sc, p_regs);
-  store_p_swizzled(p_regs, rc, reinterpret_cast<uint8_t*>(&s.kv[st.stage][kKvRopeBox][0]));
-  if (zero_dead_rows && first_token + kBlockN > seq_len) {
-    zero_dead_v_rows(s, st.stage, max(0, seq_len - first_token), thread);
+  if (share_p) {  // the other consumer reads this tile's P (and V) from shared memory
+    store_p_swizzled(p_regs, rc, reinterpret_cast<uint8_t*>(&s.kv[st.stage][kKvRopeBox][0]));
+    if (first_token + kBlockN > seq_len) zero_dead_v_rows(s, st.stage, max(0, seq_len - first_token), thread);
+    ptx::fence_proxy_async_smem();
   }
-  ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(kBarPReady, kConsumerThreads);
 }
 
@@ -221,7 +221,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
       uint32_t p_regs[4][4];
       float alpha[2];
       softmax_step(s, p, kv, st_own, rc, consumer, first_token, seq_len, visible, visible_min, scale_log2,
-                   /*counts_toward_sum=*/true, /*zero_dead_rows=*/true, sc, p_regs, m, l, alpha);
+                   /*counts_toward_sum=*/true, /*share_p=*/true, sc, p_regs, m, l, alpha);
       rescale_o(o, alpha);
       for (int box = 0; box < kKvBoxesV; ++box) kv.wait_box(st_other, box);  // complete: orders TMA data
       fence_operands(o);
@@ -239,15 +239,15 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
       st.advance();
     }
     // Odd tile at the end: both consumers compute its scores (the second copy costs tensor time
-    // that would otherwise idle), so each has P in registers; only consumer 0 counts its sum.
+    // that would otherwise idle), so each has P in registers; only consumer 0 counts its sum and
+    // zeroes the tile's dead V rows (no P goes through shared memory).
     if (t < num_tiles) {
       const int first_token = (w.begin_block + t) * kBlockN;
       float sc[32];
       uint32_t p_regs[4][4];
       float alpha[2];
       softmax_step(s, p, kv, st, rc, consumer, first_token, seq_len, visible, visible_min, scale_log2,
-                   /*counts_toward_sum=*/consumer == 0, /*zero_dead_rows=*/consumer == 0, sc, p_regs, m, l,
-                   alpha);
+                   /*counts_toward_sum=*/consumer == 0, /*share_p=*/consumer == 0, sc, p_regs, m, l, alpha);
       rescale_o(o, alpha);
       fence_operands(o);
       wgmma_fence();

@@ -21,7 +21,7 @@ __device__ __forceinline__ RowResult finish_rows(const float (&m)[2], const floa
   RowResult r;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const bool empty = !(total_sum[i] > 0.f);
+    const bool empty = total_sum[i] == 0.f;  // NaN data stays NaN
     r.inv_sum[i] = bad ? NAN : (empty ? 0.f : 1.f / total_sum[i]);
     r.lse[i] = bad ? NAN : (empty ? -INFINITY : (m[i] + log2f(total_sum[i])) * 0.69314718055994531f);
   }
