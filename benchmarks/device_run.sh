@@ -13,6 +13,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/device-out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# -P everywhere: the checkout's jax_mla/ (no compiled module) must not shadow the installed one.
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests bench)
 has() { for s in "${steps[@]}"; do [ "$s" = "$1" ] || [ "$s" = all ] && return 0; done; return 1; }
@@ -20,7 +21,7 @@ status=0
 
 echo "== machine"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader
-python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
+python3 -P -c "import jax; print('jax', jax.__version__, jax.devices())"
 
 echo "== install"
 SITE=/tmp/jax_mla_site
@@ -28,7 +29,7 @@ rm -rf "$SITE"; mkdir -p "$SITE"
 installed=0
 if ls .whl-dist/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-deps --no-index --target "$SITE" .whl-dist/jax_mla-*.whl &&
-    PYTHONPATH="$SITE" python3 -c "import jax_mla._ext as e; assert e.has_cuda(); print('prebuilt wheel ok, sms', e.cuda_sm_count())" &&
+    PYTHONPATH="$SITE" python3 -P -c "import jax_mla._ext as e; assert e.has_cuda(); print('prebuilt wheel ok, sms', e.cuda_sm_count())" &&
     installed=1
 fi
 if [ $installed = 0 ]; then
@@ -49,7 +50,7 @@ timeout 120 python3 tests/gpu_sanitize_cases.py || { echo "smoke test failed or 
 
 if has tests; then
   echo "== GPU tests"
-  timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.log" | tail -40
+  timeout "${TESTS_TIMEOUT:-300}" python3 -P -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.log" | tail -40
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 
