@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

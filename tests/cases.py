@@ -106,7 +106,7 @@ def make(case: Case) -> CaseData:
     poison = np.array(_POISON_IDS + (num_pages, num_pages + 5), dtype=np.int64)
     table = rng.choice(poison, size=(b, max_pages)).astype(np.int32)
     nxt = 0
-    for r, n in enumerate(case.lens):
+    for r in range(b):
         for i in range(pages_of[r]):
             pid = ids[nxt]
             nxt += 1
