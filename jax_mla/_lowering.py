@@ -28,7 +28,7 @@ except ImportError as e:  # pragma: no cover - depends on how the package was in
         "jax_mla: the compiled extension module jax_mla._ext is missing or failed to load "
         f"({e}). Install the package with `python3 -m pip install .` so that it gets built. "
         "When running from the source checkout, its jax_mla/ folder (which has no compiled module) "
-        "may shadow the installed package: run Python with -P, or from another directory.") from e
+        "may shadow the installed package: run Python from another directory, or with -P.") from e
 
 DECODE_TARGET = "jax_mla_decode"
 SCHEDULE_TARGET = "jax_mla_decode_schedule"

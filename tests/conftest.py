@@ -7,12 +7,32 @@ variable JAX_MLA_REQUIRE_GPU=1 is set (GPU CI), which turns the skip into a fail
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))  # `import cases` from the test modules
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+sys.path.insert(0, TESTS)  # `import cases` from the test modules
+
+
+def _prefer_installed_jax_mla():
+    """`python3 -m pytest` puts the checkout's root first on sys.path, so its jax_mla/ folder,
+    which has no compiled extension unless built in place, would shadow the installed package.
+    Drop the root from sys.path when an installed jax_mla exists and the source has no _ext."""
+    src = os.path.join(ROOT, "jax_mla")
+    if not os.path.isdir(src) or any(f.startswith("_ext.") for f in os.listdir(src)):
+        return
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != ROOT]
+    spec = importlib.util.find_spec("jax_mla")
+    if spec is None:  # not installed: let the import fail with jax_mla's own message
+        sys.path[:] = saved
+
+
+_prefer_installed_jax_mla()
 
 
 def pytest_configure(config):
