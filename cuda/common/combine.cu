@@ -1,6 +1,8 @@
 // Combine kernel: merges the split-KV partials of each request (see combine.h for the math).
-// Grid (batch, ceil(rows / 8)), one warp per query row; each lane owns 16 of the 512 columns, so
-// every partial row is read as one contiguous 2 KB burst per warp.
+// Grid (batch, ceil(rows / 8), 4): one warp per (query row, 128-column quarter), each lane one
+// float4 of every partial row, so a warp reads 512 contiguous bytes per split; the loop over
+// splits is unrolled so that several splits' loads are in flight at once (a request with one
+// long sequence can have ~100 splits, and one dependent load after another was the bottleneck).
 #include <cmath>
 #include <cstdint>
 #include <cuda_bf16.h>
@@ -17,8 +19,10 @@ namespace jax_mla {
 namespace {
 
 constexpr int kRowsPerCta = 8;
-constexpr int kColsPerLane = kHeadDimV / 32;  // 16
-static_assert(kColsPerLane % 4 == 0);
+constexpr int kColSlices = 4;                               // blockIdx.z
+constexpr int kColsPerWarp = kHeadDimV / kColSlices;        // 128
+constexpr int kColsPerLane = kColsPerWarp / 32;             // 4: one float4
+static_assert(kColsPerLane == 4);
 
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
@@ -32,22 +36,18 @@ __device__ __forceinline__ float warp_sum(float x) {
 }
 
 template <typename Element>
-__device__ __forceinline__ void store_row(Element* dst, const float (&v)[kColsPerLane]) {
-  uint32_t packed[kColsPerLane / 2];
-#pragma unroll
-  for (int k = 0; k < kColsPerLane / 2; ++k) {
-    if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-      __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-      packed[k] = *reinterpret_cast<uint32_t*>(&h);
-    } else {
-      __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
-      packed[k] = *reinterpret_cast<uint32_t*>(&h);
-    }
+__device__ __forceinline__ void store4(Element* dst, float4 v) {
+  uint32_t lo, hi;
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+    __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+    lo = *reinterpret_cast<uint32_t*>(&a);
+    hi = *reinterpret_cast<uint32_t*>(&b);
+  } else {
+    __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+    lo = *reinterpret_cast<uint32_t*>(&a);
+    hi = *reinterpret_cast<uint32_t*>(&b);
   }
-#pragma unroll
-  for (int k = 0; k < kColsPerLane / 8; ++k) {
-    reinterpret_cast<uint4*>(dst)[k] = make_uint4(packed[4 * k], packed[4 * k + 1], packed[4 * k + 2], packed[4 * k + 3]);
-  }
+  *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
 }
 
 template <typename Element>
@@ -63,27 +63,25 @@ __global__ void __launch_bounds__(32 * kRowsPerCta) combine_kernel(const __grid_
   if (n == 1) return;  // the decode kernel wrote this request directly
 
   const int64_t out_row = static_cast<int64_t>(r) * p.rows + row;
-  Element* dst = static_cast<Element*>(p.out) + out_row * kHeadDimV + lane * kColsPerLane;
-  float acc[kColsPerLane];
-#pragma unroll
-  for (int k = 0; k < kColsPerLane; ++k) acc[k] = 0.f;
+  const int col = blockIdx.z * kColsPerWarp + lane * kColsPerLane;
+  Element* dst = static_cast<Element*>(p.out) + out_row * kHeadDimV + col;
+  const bool writes_lse = blockIdx.z == 0 && lane == 0;
 
   if (n == 0) {  // no key at all; a negative length is an invalid request
     const bool bad = p.seq_lens[r] < 0;
-    if (bad) {
-#pragma unroll
-      for (int k = 0; k < kColsPerLane; ++k) acc[k] = NAN;
-    }
-    store_row(dst, acc);
-    if (lane == 0) p.lse[out_row] = bad ? NAN : -INFINITY;
+    const float v = bad ? NAN : 0.f;
+    store4(dst, make_float4(v, v, v, v));
+    if (writes_lse) p.lse[out_row] = bad ? NAN : -INFINITY;
     return;
   }
 
-  // Pass 1: max and sum of exp over the splits' LSEs (lanes stride over splits).
+  // Max and sum of exp over the splits' LSEs (lanes stride over splits). NaN (a bad request or NaN
+  // data) must survive: fmaxf would drop it, so it is tracked apart.
+  const float* lse_col = p.partial_lse + static_cast<int64_t>(first) * p.rows + row;  // stride p.rows
   float m = -INFINITY;
   bool bad = false;
   for (int s = lane; s < n; s += 32) {
-    const float v = p.partial_lse[static_cast<int64_t>(first + s) * p.rows + row];
+    const float v = lse_col[static_cast<int64_t>(s) * p.rows];
     bad |= isnan(v);
     m = fmaxf(m, v);
   }
@@ -91,42 +89,43 @@ __global__ void __launch_bounds__(32 * kRowsPerCta) combine_kernel(const __grid_
   bad = __any_sync(0xffffffff, bad);
   float sum = 0.f;
   if (m != -INFINITY) {
-    for (int s = lane; s < n; s += 32) sum += expf(p.partial_lse[static_cast<int64_t>(first + s) * p.rows + row] - m);
+    for (int s = lane; s < n; s += 32) sum += expf(lse_col[static_cast<int64_t>(s) * p.rows] - m);
   }
   sum = warp_sum(sum);
+  const float inv = m == -INFINITY ? 0.f : 1.f / sum;
 
-  // Pass 2: weighted sum of the partial rows.
-  if (m != -INFINITY) {
-    const float inv = 1.f / sum;
-    for (int s = 0; s < n; ++s) {
-      const int64_t prow = static_cast<int64_t>(first + s) * p.rows + row;
-      const float wgt = expf(p.partial_lse[prow] - m) * inv;
-      const float4* src = reinterpret_cast<const float4*>(p.partial_out + prow * kHeadDimV + lane * kColsPerLane);
-#pragma unroll
-      for (int k = 0; k < kColsPerLane / 4; ++k) {
-        const float4 v = src[k];
-        acc[4 * k + 0] = fmaf(wgt, v.x, acc[4 * k + 0]);
-        acc[4 * k + 1] = fmaf(wgt, v.y, acc[4 * k + 1]);
-        acc[4 * k + 2] = fmaf(wgt, v.z, acc[4 * k + 2]);
-        acc[4 * k + 3] = fmaf(wgt, v.w, acc[4 * k + 3]);
-      }
+  // Weighted sum of the partial rows, 32 splits at a time: lane j holds split (base + j)'s weight.
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  const float* src = p.partial_out + (static_cast<int64_t>(first) * p.rows + row) * kHeadDimV + col;
+  const int64_t split_stride = static_cast<int64_t>(p.rows) * kHeadDimV;
+  for (int base = 0; base < n; base += 32) {
+    const int s_lane = base + lane;
+    const float w_lane = (s_lane < n && m != -INFINITY) ? expf(lse_col[static_cast<int64_t>(s_lane) * p.rows] - m) * inv : 0.f;
+    const int count = min(32, n - base);
+#pragma unroll 8
+    for (int j = 0; j < count; ++j) {
+      const float w = __shfl_sync(0xffffffff, w_lane, j);
+      const float4 v = *reinterpret_cast<const float4*>(src + (base + j) * split_stride);
+      acc.x = fmaf(w, v.x, acc.x);
+      acc.y = fmaf(w, v.y, acc.y);
+      acc.z = fmaf(w, v.z, acc.z);
+      acc.w = fmaf(w, v.w, acc.w);
     }
   }
   float lse = m == -INFINITY ? -INFINITY : m + logf(sum);
   if (bad) {
     lse = NAN;
-#pragma unroll
-    for (int k = 0; k < kColsPerLane; ++k) acc[k] = NAN;
+    acc = make_float4(NAN, NAN, NAN, NAN);
   }
-  store_row(dst, acc);
-  if (lane == 0) p.lse[out_row] = lse;
+  store4(dst, acc);
+  if (writes_lse) p.lse[out_row] = lse;
 }
 
 }  // namespace
 
 cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(p.batch, (p.rows + kRowsPerCta - 1) / kRowsPerCta);
+  cfg.gridDim = dim3(p.batch, (p.rows + kRowsPerCta - 1) / kRowsPerCta, kColSlices);
   cfg.blockDim = dim3(32 * kRowsPerCta);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;

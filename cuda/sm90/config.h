@@ -3,13 +3,11 @@
 // CTA = 3 warpgroups (384 threads), one CTA per SM:
 //   warpgroup 0: the KV producer (one elected thread issues every TMA copy; registers shrunk to
 //                kProducerRegs with setmaxnreg so the consumers can grow);
-//   warpgroups 1, 2: consumers 0 and 1. KV tiles are taken in pairs (A, B): consumer c computes
-//                S = Q K^T of tile c of the pair (64 x 64, K = 576) and its softmax, writes its P
-//                into the RoPE box of its own stage (that box is dead once Q K^T has read it), and
-//                both consumers then accumulate O[:, 256c : 256c + 256] += P_A V_A + P_B V_B, using
-//                their own P from registers and the other's from shared memory. Each consumer does
-//                one Q K^T per pair and half of the P V of both tiles, so the tensor-core work is
-//                balanced; the 64 x 512 fp32 O accumulator is split by columns (128 registers each).
+//   warpgroups 1, 2: consumers 0 and 1. Each 64-key tile is split by keys for Q K^T (consumer c
+//                scores keys [32c, 32c + 32)) and by V columns for P V (consumer c accumulates
+//                O[:, 256c : 256c + 256], 128 fp32 registers per thread); P goes through the tile's
+//                RoPE box, dead once both Q K^T are done. With Q (72 KB) resident, two 72 KB stages
+//                fit: one tile is computed while the next one streams in.
 #pragma once
 
 #include <cstdint>
@@ -28,12 +26,12 @@ inline constexpr int kProducerRegs = 40;
 inline constexpr int kConsumerRegs = 232;
 static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register file");
 static_assert(kBlockM == 64 && kBlockN == 64, "the wgmma tiling below assumes 64 x 64 score tiles");
-static_assert(kNumKvStages == 2, "tiles are consumed in pairs: one stage per consumer");
+static_assert(kNumKvStages >= 2, "one stage computes while the next one loads");
 
 // Named barriers among the 256 consumer threads (id 0 is __syncthreads).
 enum ConsumerBarrier : int {
   kBarRowMax = 1,   // local row maxima published
-  kBarPReady = 2,   // both P tiles in shared memory (and tail V rows zeroed)
+  kBarPReady = 2,   // both P halves in shared memory (and dead V rows zeroed)
   kBarRowSum = 3,   // softmax denominators published (epilogue)
 };
 

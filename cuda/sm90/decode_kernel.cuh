@@ -4,14 +4,18 @@
 // Grid: (num_parts, num_m_blocks). CTA (p, mb) walks the pieces of work of part p of the split-KV
 // schedule (cuda/common/scheduler.h) for query rows [64 mb, 64 mb + 64) of each request.
 //
-// Per pair of KV tiles (A in stage st, B in stage st+1), consumer c in {0, 1}:
-//   1. waits for its tile's boxes and computes S_c = Q K_c^T (36 wgmma m64n64k16, Q and K from smem);
-//   2. masks keys past the row's visible length, publishes its row max   -> barrier kBarRowMax;
-//   3. both compute the same new running max m, P_c = exp2(S_c * scale_log2 - m) and alpha;
-//      c writes P_c into the RoPE box of its stage (dead after step 1) and zeroes V rows past seq_len
-//      so no NaN in unused cache slots reaches O                           -> barrier kBarPReady;
-//   4. O_c = alpha * O_c + P_A V_A[:, half c] + P_B V_B[:, half c] (own P from registers, the other
-//      consumer's from smem), then releases both stages to the producer.
+// Per 64-key KV tile (one stage of the ring), consumer c in {0, 1}:
+//   1. waits for the tile's boxes and computes S_c = Q K[32c : 32c + 32]^T, (64, 32), K = 576
+//      (36 wgmma m64n32k16, Q and K from smem);
+//   2. masks keys past the row's visible length and publishes its row max  -> barrier kBarRowMax
+//      (after it both consumers' Q K^T are complete, so the tile's RoPE box is dead);
+//   3. both compute the same running max m, alpha and P_c = exp2(S_c * scale_log2 - m); c writes
+//      P_c into its half of the RoPE box and zeroes its half of the V rows past seq_len (cache slots
+//      that P multiplies by exactly 0 but which may hold NaN)               -> barrier kBarPReady;
+//   4. O_c = alpha O_c + P V[:, 256c : 256c + 256] (4 wgmma m64n256k16, P and V from smem), then
+//      releases the stage. The producer meanwhile fills the other stage with the next tile.
+// Both consumers run the same instruction stream (operands differ by address only), which keeps
+// ptxas from serialising wgmmas on paths it cannot prove warp-uniform.
 #pragma once
 
 #include <cmath>
@@ -71,12 +75,13 @@ __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const D
   }
 }
 
-// S = Q K^T for one 64-token tile (all 9 boxes), waiting on each box as it lands.
+// S_c = Q K[32c : 32c + 32]^T for one tile (all 9 boxes), waiting on each box as it lands.
 template <typename Element>
 __device__ __forceinline__ void compute_scores(SharedStorage<Element>& s, const KVConsumer<kNumKvStages>& kv,
-                                               const PipelineState<kNumKvStages>& st, ScoreFragment& sc) {
+                                               const PipelineState<kNumKvStages>& st, int consumer, ScoreFragment& sc) {
   const uint32_t q_base = ptx::smem_addr(&s.q[0][0]);
-  const uint32_t k_base = ptx::smem_addr(&s.kv[st.stage][0][0]);
+  // This consumer's 32 keys are rows [32c, 32c + 32) of every box: 4 whole 8-row swizzle groups.
+  const uint32_t k_base = ptx::smem_addr(&s.kv[st.stage][0][0]) + consumer * kKeysPerConsumer * 128;
   fence_operands(sc);
   wgmma_fence();
 #pragma unroll
@@ -85,7 +90,7 @@ __device__ __forceinline__ void compute_scores(SharedStorage<Element>& s, const 
 #pragma unroll
     for (int kk = 0; kk < kKvBoxCols / 16; ++kk) {
       const uint32_t off = box * kKvBoxBytes + kk * 32;  // 16 columns = 32 bytes inside the swizzled row
-      wgmma_m64n64k16_ss<Element>(sc, desc_k_major(q_base + off), desc_k_major(k_base + off), box | kk);
+      wgmma_m64n32k16_ss<Element>(sc, desc_k_major(q_base + off), desc_k_major(k_base + off), box | kk);
     }
   }
   wgmma_commit();
@@ -93,57 +98,50 @@ __device__ __forceinline__ void compute_scores(SharedStorage<Element>& s, const 
   fence_operands(sc);
 }
 
-// O_c += P V_tile[:, 256c : 256c + 256] for one tile; P from registers (own tile) or smem (other's).
-template <typename Element, bool kPFromRegisters>
-__device__ __forceinline__ void accumulate_pv(SharedStorage<Element>& s, int stage, int consumer,
-                                              const uint32_t (&p_regs)[4][4], float (&o)[128]) {
+// O_c += P V[:, 256c : 256c + 256] for one tile, P (64, 64) and V from smem.
+template <typename Element>
+__device__ __forceinline__ void accumulate_pv(SharedStorage<Element>& s, int stage, int consumer, float (&o)[128]) {
   const uint32_t v_base = ptx::smem_addr(&s.kv[stage][consumer * (kKvBoxesV / kNumConsumers)][0]);
   const uint32_t p_base = ptx::smem_addr(&s.kv[stage][kKvRopeBox][0]);
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
     const uint64_t desc_v = desc_mn_major(v_base + kk * 16 * 128, kKvBoxBytes);  // keys 16kk..16kk+15
-    if constexpr (kPFromRegisters) {
-      wgmma_m64n256k16_rs<Element>(o, p_regs[kk], desc_v, 1);
-    } else {
-      wgmma_m64n256k16_ss<Element>(o, desc_k_major(p_base + kk * 32), desc_v, 1);
-    }
+    wgmma_m64n256k16_ss<Element>(o, desc_k_major(p_base + kk * 32), desc_v, 1);
   }
 }
 
-// Zeroes V rows [first_dead, 64) of a stage: cache slots past seq_len inside the last page, which
+// Zeroes V rows [first, last) of a stage: cache slots past seq_len inside the last page, which
 // P multiplies by exactly 0 but which may hold NaN.
 template <typename Element>
-__device__ __forceinline__ void zero_dead_v_rows(SharedStorage<Element>& s, int stage, int first_dead, int thread) {
+__device__ __forceinline__ void zero_dead_v_rows(SharedStorage<Element>& s, int stage, int first, int last, int thread) {
   const int chunks_per_row = kKvBoxesV * (kKvBoxCols * 2 / 16);  // 64 x 16 bytes
-  const int total = (kBlockN - first_dead) * chunks_per_row;
+  const int total = (last - first) * chunks_per_row;
   for (int idx = thread; idx < total; idx += 128) {
-    const int row = first_dead + idx / chunks_per_row;
+    const int row = first + idx / chunks_per_row;
     const int box = (idx % chunks_per_row) / 8, chunk = idx % 8;
     uint8_t* dst = reinterpret_cast<uint8_t*>(&s.kv[stage][box][0]) + row * 128 + chunk * 16;
     *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
   }
 }
 
-// Steps 1-3 of the pair protocol for one consumer and one tile: scores, mask, shared row max, P.
-// Leaves P in p_regs (wgmma A-operand layout) and in the RoPE box of `st`, and the O rescale
-// factors in alpha. Both consumers call it the same number of times per pair (the barriers inside
-// are among all 256 consumer threads).
+// Steps 1-3 for one consumer and one tile: scores, mask, shared row max, P into smem, alpha.
+// Both consumers call it once per tile (the barriers inside are among all 256 consumer threads).
 template <typename Element>
-__device__ __forceinline__ void softmax_step(SharedStorage<Element>& s, const DecodeParams& p,
-                                             const KVConsumer<kNumKvStages>& kv,
+__device__ __forceinline__ void softmax_step(SharedStorage<Element>& s, const KVConsumer<kNumKvStages>& kv,
                                              const PipelineState<kNumKvStages>& st, const RowCoords& rc, int consumer,
-                                             int first_token, int seq_len, const int (&visible)[2], int visible_min,
-                                             float scale_log2, bool counts_toward_sum, bool share_p,
-                                             ScoreFragment& sc, uint32_t (&p_regs)[4][4], float (&m)[2],
-                                             float (&l)[2], float (&alpha)[2]) {
+                                             int tile_first_token, int seq_len, const int (&visible)[2],
+                                             int visible_min, float scale_log2, float (&m)[2], float (&l)[2],
+                                             float (&alpha)[2]) {
   const int thread = threadIdx.x % 128;
-  compute_scores(s, kv, st, sc);
-  if (first_token + kBlockN > visible_min) mask_scores(sc, rc, first_token, visible);
-  float tile_max[2];
-  tile_row_max(sc, scale_log2, tile_max);
+  const int first_token = tile_first_token + consumer * kKeysPerConsumer;  // this consumer's keys
+  ScoreFragment sc;
+  compute_scores(s, kv, st, consumer, sc);
+  if (first_token + kKeysPerConsumer > visible_min) mask_scores(sc, rc, first_token, visible);
+  float half_max[2];
+  tile_row_max(sc, scale_log2, half_max);
   if ((thread & 3) == 0) {
-    s.row_max[consumer][rc.row[0]] = tile_max[0];
-    s.row_max[consumer][rc.row[1]] = tile_max[1];
+    s.row_max[consumer][rc.row[0]] = half_max[0];
+    s.row_max[consumer][rc.row[1]] = half_max[1];
   }
   ptx::named_barrier_sync(kBarRowMax, kConsumerThreads);
 
@@ -155,16 +153,17 @@ __device__ __forceinline__ void softmax_step(SharedStorage<Element>& s, const De
     alpha[i] = ptx::exp2_approx(m[i] - m_ref[i]);  // m = -inf -> 0 (O and l are 0 then anyway)
     m[i] = m_new;
   }
-  float tile_sum[2];
-  exponentiate(sc, scale_log2, m_ref, tile_sum);
+  float half_sum[2];
+  exponentiate(sc, scale_log2, m_ref, half_sum);
 #pragma unroll
-  for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + (counts_toward_sum ? tile_sum[i] : 0.f);
-  p_to_operand<Element>(sc, p_regs);
-  if (share_p) {  // the other consumer reads this tile's P (and V) from shared memory
-    store_p_swizzled(p_regs, rc, reinterpret_cast<uint8_t*>(&s.kv[st.stage][kKvRopeBox][0]));
-    if (first_token + kBlockN > seq_len) zero_dead_v_rows(s, st.stage, max(0, seq_len - first_token), thread);
-    ptx::fence_proxy_async_smem();
+  for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + half_sum[i];
+  store_p_half<Element>(sc, rc, consumer, reinterpret_cast<uint8_t*>(&s.kv[st.stage][kKvRopeBox][0]));
+  if (tile_first_token + kBlockN > seq_len) {
+    const int lo = consumer * kKeysPerConsumer, hi = lo + kKeysPerConsumer;  // this consumer's rows
+    const int first_dead = max(lo, min(hi, seq_len - tile_first_token));
+    zero_dead_v_rows(s, st.stage, first_dead, hi, thread);
   }
+  ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(kBarPReady, kConsumerThreads);
 }
 
@@ -207,55 +206,18 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
 
     ptx::mbarrier_wait(&s.q_full, piece_count & 1);
 
-    const int num_tiles = w.end_block - w.begin_block;
-    // Full pairs: consumer c owns tile c of the pair. Both consumers run the same instruction
-    // stream (own tile's P V from registers, the other's from smem; stages picked by data, not by
-    // branches), which keeps ptxas from serialising the wgmmas of divergent-looking paths.
-    int t = 0;
 #pragma unroll 1
-    for (; t + 1 < num_tiles; t += 2) {
-      const PipelineState<kNumKvStages> st_own = consumer == 0 ? st : st.next();
-      const PipelineState<kNumKvStages> st_other = consumer == 0 ? st.next() : st;
-      const int first_token = (w.begin_block + t + consumer) * kBlockN;
-      float sc[32];
-      uint32_t p_regs[4][4];
+    for (int blk = w.begin_block; blk < w.end_block; ++blk) {
       float alpha[2];
-      softmax_step(s, p, kv, st_own, rc, consumer, first_token, seq_len, visible, visible_min, scale_log2,
-                   /*counts_toward_sum=*/true, /*share_p=*/true, sc, p_regs, m, l, alpha);
-      rescale_o(o, alpha);
-      for (int box = 0; box < kKvBoxesV; ++box) kv.wait_box(st_other, box);  // complete: orders TMA data
-      fence_operands(o);
-      wgmma_fence();
-      accumulate_pv<Element, true>(s, st_own.stage, consumer, p_regs, o);
-      wgmma_commit();
-      accumulate_pv<Element, false>(s, st_other.stage, consumer, p_regs, o);
-      wgmma_commit();
-      wgmma_wait<1>();
-      if (elected) kv.release(st_own);
-      wgmma_wait<0>();
-      if (elected) kv.release(st_other);
-      fence_operands(o);
-      st.advance();
-      st.advance();
-    }
-    // Odd tile at the end: both consumers compute its scores (the second copy costs tensor time
-    // that would otherwise idle), so each has P in registers; only consumer 0 counts its sum and
-    // zeroes the tile's dead V rows (no P goes through shared memory).
-    if (t < num_tiles) {
-      const int first_token = (w.begin_block + t) * kBlockN;
-      float sc[32];
-      uint32_t p_regs[4][4];
-      float alpha[2];
-      softmax_step(s, p, kv, st, rc, consumer, first_token, seq_len, visible, visible_min, scale_log2,
-                   /*counts_toward_sum=*/consumer == 0, /*share_p=*/consumer == 0, sc, p_regs, m, l, alpha);
+      softmax_step(s, kv, st, rc, consumer, blk * kBlockN, seq_len, visible, visible_min, scale_log2, m, l, alpha);
       rescale_o(o, alpha);
       fence_operands(o);
       wgmma_fence();
-      accumulate_pv<Element, true>(s, st.stage, consumer, p_regs, o);
+      accumulate_pv<Element>(s, st.stage, consumer, o);
       wgmma_commit();
       wgmma_wait<0>();
+      fence_operands(o);
       if (elected) kv.release(st);
-      fence_operands(o);
       st.advance();
     }
     // Q is no longer read: let the producer load the next request's Q while we finish.

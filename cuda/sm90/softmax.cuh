@@ -1,10 +1,10 @@
-// Online softmax of the SM90 consumers, on a 64 x 64 score tile held in wgmma accumulator layout.
+// Online softmax of the SM90 consumers. Each consumer holds the scores of its half of a 64-key
+// tile, (64 rows, 32 keys), in wgmma accumulator layout.
 //
 // Scores are kept in log2 units (scale * log2(e) folded into one FMA before exp2). Every row of a
-// tile lives in one quad of lanes (4 threads x 16 values), so row reductions are two shuffles.
-// The two consumers compute different tiles of a pair but share one running max per row: each
-// publishes its tile's row max, both take the max of both, so their P tiles and the rescaling of
-// their halves of O agree exactly.
+// half tile lives in one quad of lanes (4 threads x 8 values), so row reductions are two shuffles.
+// The two consumers share one running max per row: each publishes its half's row max and both
+// take the max of both, so their P halves and the rescaling of their halves of O agree exactly.
 #pragma once
 
 #include <cmath>
@@ -16,9 +16,12 @@
 
 namespace jax_mla::sm90 {
 
-// Accumulator fragment of a 64 x 64 fp32 tile: s[4 * j + 2 * i + e] is element
-// (row = row_in_tile(i), col = 8 j + 2 (lane % 4) + e).
-using ScoreFragment = float[32];
+// Keys per consumer in one tile.
+inline constexpr int kKeysPerConsumer = 32;
+
+// Accumulator fragment of a (64, 32) fp32 half tile: s[4 * j + 2 * i + e] is element
+// (row = RowCoords::row[i], key = 8 j + 2 (lane % 4) + e), j in [0, 4).
+using ScoreFragment = float[kKeysPerConsumer / 2];
 
 struct RowCoords {
   int row[2];  // this thread's two rows in the 64-row tile
@@ -45,7 +48,7 @@ __device__ __forceinline__ float quad_sum(float x) {
 __device__ __forceinline__ void mask_scores(ScoreFragment& s, const RowCoords& rc, int first_token,
                                             const int (&visible)[2]) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
+  for (int j = 0; j < kKeysPerConsumer / 8; ++j)
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -61,7 +64,7 @@ __device__ __forceinline__ void tile_row_max(const ScoreFragment& s, float scale
   for (int i = 0; i < 2; ++i) {
     float m = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
+    for (int j = 0; j < kKeysPerConsumer / 8; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
     mx[i] = quad_max(m) * scale_log2;
   }
 }
@@ -77,7 +80,7 @@ __device__ __forceinline__ void exponentiate(ScoreFragment& s, float scale_log2,
   for (int i = 0; i < 2; ++i) {
     float sum = 0.f;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < kKeysPerConsumer / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = s[4 * j + 2 * i + e];
@@ -99,34 +102,22 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
-// P (64 x 64) as the register A operand of four m64n256k16 wgmmas: a[kk] covers keys 16kk..16kk+15.
+// Writes this consumer's P half, keys [32 c, 32 c + 32) of the tile, into the (64 rows, 64 keys)
+// 16-bit P box: 128-byte swizzle, K-major (row = query row, contiguous along keys), exactly the
+// layout of a TMA box, so P V reads it with the same kind of descriptor as Q. The 16-byte chunk k
+// of row r sits at chunk k ^ (r % 8).
 template <typename Element>
-__device__ __forceinline__ void p_to_operand(const ScoreFragment& p, uint32_t (&a)[4][4]) {
+__device__ __forceinline__ void store_p_half(const ScoreFragment& p, const RowCoords& rc, int consumer, uint8_t* box) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    a[kk][0] = pack2<Element>(p[8 * kk + 0], p[8 * kk + 1]);  // (row,     keys 16kk + 2q + {0,1})
-    a[kk][1] = pack2<Element>(p[8 * kk + 2], p[8 * kk + 3]);  // (row + 8, same keys)
-    a[kk][2] = pack2<Element>(p[8 * kk + 4], p[8 * kk + 5]);  // (row,     keys + 8)
-    a[kk][3] = pack2<Element>(p[8 * kk + 6], p[8 * kk + 7]);  // (row + 8, keys + 8)
-  }
-}
-
-// Writes P into a (64 x 64) 16-bit box with the 128-byte swizzle, K-major (row = query row,
-// contiguous along keys): exactly the layout a TMA box has, so the other consumer reads it with
-// the same kind of descriptor as Q. The 16-byte chunk j of row r sits at chunk j ^ (r % 8).
-__device__ __forceinline__ void store_p_swizzled(const uint32_t (&a)[4][4], const RowCoords& rc, uint8_t* box) {
+  for (int j = 0; j < kKeysPerConsumer / 8; ++j) {
+    const int chunk = consumer * (kKeysPerConsumer / 8) + j;
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {  // 8-key group j = 2kk + half
-      const int j = 2 * kk + half;
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int r = rc.row[i];
-        uint8_t* dst = box + r * 128 + ((j ^ (r & 7)) << 4) + rc.quad_col * 2;
-        *reinterpret_cast<uint32_t*>(dst) = a[kk][2 * half + i];
-      }
+    for (int i = 0; i < 2; ++i) {
+      const int r = rc.row[i];
+      uint8_t* dst = box + r * 128 + ((chunk ^ (r & 7)) << 4) + rc.quad_col * 2;
+      *reinterpret_cast<uint32_t*>(dst) = pack2<Element>(p[4 * j + 2 * i], p[4 * j + 2 * i + 1]);
     }
+  }
 }
 
 }  // namespace jax_mla::sm90
