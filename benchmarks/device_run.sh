@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One full call on the GPU machine (the `device` tool's H200): install jax_mla, run the GPU tests,
-# optionally compute-sanitizer, then the benchmark; the benchmark's table is printed last.
+# the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
 #   bash benchmarks/device_run.sh [all|tests|bench|sanitize]...   (default: tests bench)
 #
@@ -54,10 +54,15 @@ if has tests; then
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 
+if has bench; then
+  echo "== benchmark"
+  timeout "${BENCH_TIMEOUT:-240}" python3 benchmarks/bench_decode.py --xla --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v "^#" | tail -20
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
 if has sanitize; then
   echo "== compute-sanitizer (small cases)"
   for tool in memcheck racecheck; do
-    timeout 300 compute-sanitizer --tool $tool --target-processes all --error-exitcode 99 \
+    timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool $tool --target-processes all --error-exitcode 99 \
       python3 tests/gpu_sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
     rc=$?
     echo "$tool: exit $rc"; tail -5 "$OUT/sanitize_$tool.log"
@@ -65,9 +70,4 @@ if has sanitize; then
   done
 fi
 
-if has bench; then
-  echo "== benchmark"
-  timeout "${BENCH_TIMEOUT:-240}" python3 benchmarks/bench_decode.py --xla --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v "^#" | tail -20
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
-fi
 exit $status

@@ -130,3 +130,22 @@ def test_jit_and_vmap_on_gpu():
     out, lse = fn(*stacked)
     for v, d in enumerate(datas):
         check(d, np.asarray(out[v]), np.asarray(lse[v]))
+
+
+def test_bad_page_ids_and_lengths_give_nan_for_that_request_only():
+    """On the GPU the block table is only read on the device: a page id outside the cache, or a
+    length the table cannot hold (seen only at run time under jit), makes that request's output and
+    LSE NaN instead of reading memory it must not. Other requests are unaffected."""
+    data = cases.make(cases.Case(lens=(300, 200, 100), h_q=16, page_size=64, seed=9301))
+    q, kv, bt, sl = (np.array(x) for x in data.args)
+    num_pages = kv.shape[0]
+    bt[1, 2] = num_pages + 5          # request 1 reads its 3rd page: out of range
+    sl_bad = sl.copy()
+    sl_bad[2] = bt.shape[1] * 64 + 1  # request 2: longer than its block-table row holds
+    fn = jax.jit(lambda *a: jax_mla.mla_decode(*a, return_lse=True))
+    out, lse = (np.asarray(x) for x in fn(*[jax.device_put(x, gpu()) for x in (q, kv, bt, sl_bad)]))
+    assert np.isnan(out[1].astype(np.float32)).all() and np.isnan(lse[1]).all()
+    assert np.isnan(out[2].astype(np.float32)).all() and np.isnan(lse[2]).all()
+    ref_out, ref_lse = reference_on_cpu(data)
+    cases.assert_close_rel_l2(out[:1], lse[:1], np.asarray(ref_out)[:1], np.asarray(ref_lse)[:1],
+                              out_tol=1e-2, lse_tol=1e-3)
