@@ -1,0 +1,34 @@
+"""Runs one benchmark configuration a few times, for a profiler (ncu) to attach to.
+
+  ncu --clock-control none -k regex:decode_kernel -c 1 --section SpeedOfLight ... \
+      python3 benchmarks/profile_one.py b128_sq1_h128_4k
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jax_mla  # noqa: E402
+from bench_decode import build_inputs  # noqa: E402
+from configs import CONFIGS  # noqa: E402
+
+
+def main() -> int:
+    name = sys.argv[1] if len(sys.argv) > 1 else "b128_sq1_h128_4k"
+    cfg = next(c for c in CONFIGS if c.name == name)
+    q, cache, tables, seq_lens = build_inputs(cfg, np.random.default_rng(0), jax.numpy, np, 2, 2)
+    fn = jax.jit(lambda q, c, t, s: jax_mla.mla_decode(q, c, t, s, causal=cfg.causal))
+    for i in range(3):
+        jax.block_until_ready(fn(q, cache, tables[i % 2], seq_lens))
+    print("ran", name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
