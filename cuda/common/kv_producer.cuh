@@ -4,7 +4,9 @@
 // rows of 128 bytes with the 128-byte swizzle that wgmma and tcgen05 descriptors read directly.
 //
 // Protocol (one producer thread, kNumConsumers consumer arrivals per stage):
-//   producer: acquire(state)  waits until every consumer released the stage (the producer starts
+//   producer: locate_tile(...) resolves the tile's cache rows from the block table (before acquire,
+//                             so the table's latency overlaps the wait for a free stage);
+//             acquire(state)  waits until every consumer released the stage (the producer starts
 //                             at phase 1, so the first pass over the ring does not wait);
 //             load_tile(...)  one expect_tx arrival per box, then the TMA copies; the copies'
 //                             byte count completes the box's "full" barrier;
@@ -90,34 +92,48 @@ struct DecodeKVProducer {
 
   __device__ __forceinline__ void commit_step() { state.advance(); }
 
-  // Issues the TMA copies of the 64 tokens starting at token `first_token` into the current stage.
-  // Tokens past seq_len in a page the request does not own are zero-filled (out-of-bounds rows);
-  // tokens past seq_len inside its last page are loaded as they are (the consumer masks scores and
-  // zeroes those V rows, so whatever they hold cannot reach the output). Returns false when the
-  // block table points outside the cache or is too short for seq_len: the caller reports it.
-  __device__ __forceinline__ bool load_tile(const PagedKV& kv, int first_token) {
-    const int box_rows = kv.page_size < kBlockN ? kv.page_size : kBlockN;  // rows per TMA copy
-    const int copies = kBlockN / box_rows;                                  // 1, 2 or 4
-    bool ok = true;
+  // Where the 64 tokens starting at `first_token` come from: one cache row per TMA copy (a copy is
+  // min(page_size, 64) tokens of one page). Tokens past seq_len in a page the request does not own
+  // are read from a row past the end of the cache, which TMA fills with zeros; tokens past seq_len
+  // inside its last page are loaded as they are (the consumer masks their scores and zeroes their V
+  // rows, so whatever they hold cannot reach the output). Reads the block table only, so the
+  // producer calls it before waiting for a free stage and the table's latency overlaps the wait.
+  // `ok` is false when the table points outside the cache or is too short for seq_len.
+  struct TileSource {
     int rows[kBlockN / kMinGpuPageSize];
+    int copies;    // 1, 2 or 4
+    int box_rows;  // tokens per copy
+    bool ok;
+  };
+
+  __device__ __forceinline__ TileSource locate_tile(const PagedKV& kv, int first_token) const {
+    TileSource t;
+    t.box_rows = kv.page_size < kBlockN ? kv.page_size : kBlockN;
+    t.copies = kBlockN / t.box_rows;
+    t.ok = true;
 #pragma unroll
     for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
-      rows[k] = kv.oob_row;
-      const int token = first_token + k * box_rows;
-      if (k < copies && token < kv.seq_len) {
+      t.rows[k] = kv.oob_row;
+      const int token = first_token + k * t.box_rows;
+      if (k < t.copies && token < kv.seq_len) {
         const int page_index = token >> kv.log2_page_size;
         if (page_index >= kv.max_pages) {
-          ok = false;
+          t.ok = false;
         } else {
           const int page = kv.page_table[page_index];
           if (page < 0 || page >= kv.num_pages) {
-            ok = false;
+            t.ok = false;
           } else {
-            rows[k] = page * kv.page_size + (token & (kv.page_size - 1));
+            t.rows[k] = page * kv.page_size + (token & (kv.page_size - 1));
           }
         }
       }
     }
+    return t;
+  }
+
+  // Issues the TMA copies of a located tile into the current stage (after acquire()).
+  __device__ __forceinline__ void load_tile(const PagedKV& kv, const TileSource& t) {
     Element* dst = stage_ptr(state.stage);
 #pragma unroll 1
     for (int box = 0; box < kKvBoxesQK; ++box) {
@@ -125,13 +141,12 @@ struct DecodeKVProducer {
       ptx::mbarrier_arrive_expect_tx(bar, kKvBoxBytes);
 #pragma unroll
       for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
-        if (k < copies) {
-          ptx::tma_load_2d(dst + box * kKvBoxElems + k * box_rows * kKvBoxCols, kv.map, bar, box * kKvBoxCols,
-                           rows[k]);
+        if (k < t.copies) {
+          ptx::tma_load_2d(dst + box * kKvBoxElems + k * t.box_rows * kKvBoxCols, kv.map, bar, box * kKvBoxCols,
+                           t.rows[k]);
         }
       }
     }
-    return ok;
   }
 };
 

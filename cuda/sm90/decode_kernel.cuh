@@ -13,7 +13,8 @@
 //      P_c into its half of the RoPE box and zeroes its half of the V rows past seq_len (cache slots
 //      that P multiplies by exactly 0 but which may hold NaN)               -> barrier kBarPReady;
 //   4. O_c = alpha O_c + P V[:, 256c : 256c + 256] (4 wgmma m64n256k16, P and V from smem), then
-//      releases the stage. The producer meanwhile fills the other stage with the next tile.
+//      releases the stage. The producer meanwhile fills the other stage with the next tile, and the
+//      consumers issue Q K^T of the next tile right behind this P V (software pipelining).
 // Both consumers run the same instruction stream (operands differ by address only), which keeps
 // ptxas from serialising wgmmas on paths it cannot prove warp-uniform.
 #pragma once
@@ -67,17 +68,20 @@ __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const D
                      p.num_pages * p.page_size};
 #pragma unroll 1
     for (int blk = w.begin_block; blk < w.end_block; ++blk) {
+      const auto source = producer.locate_tile(kv, blk * kBlockN);  // block-table reads overlap the wait
       producer.acquire();
-      if (!producer.load_tile(kv, blk * kBlockN)) s.bad_request[parity] = 1;
+      if (!source.ok) s.bad_request[parity] = 1;  // before the tile's arrivals: consumers see it
+      producer.load_tile(kv, source);
       producer.commit_step();
     }
     ++piece_count;
   }
 }
 
-// S_c = Q K[32c : 32c + 32]^T for one tile (all 9 boxes), waiting on each box as it lands.
+// Issues S_c = Q K[32c : 32c + 32]^T for one tile (all 9 boxes) as one wgmma group, waiting on
+// each box as it lands. The caller waits for the group.
 template <typename Element>
-__device__ __forceinline__ void compute_scores(SharedStorage<Element>& s, const KVConsumer<kNumKvStages>& kv,
+__device__ __forceinline__ void issue_scores(SharedStorage<Element>& s, const KVConsumer<kNumKvStages>& kv,
                                                const PipelineState<kNumKvStages>& st, int consumer, ScoreFragment& sc) {
   const uint32_t q_base = ptx::smem_addr(&s.q[0][0]);
   // This consumer's 32 keys are rows [32c, 32c + 32) of every box: 4 whole 8-row swizzle groups.
@@ -94,8 +98,6 @@ __device__ __forceinline__ void compute_scores(SharedStorage<Element>& s, const 
     }
   }
   wgmma_commit();
-  wgmma_wait<0>();
-  fence_operands(sc);
 }
 
 // O_c += P V[:, 256c : 256c + 256] for one tile, P (64, 64) and V from smem.
@@ -124,18 +126,16 @@ __device__ __forceinline__ void zero_dead_v_rows(SharedStorage<Element>& s, int 
   }
 }
 
-// Steps 1-3 for one consumer and one tile: scores, mask, shared row max, P into smem, alpha.
-// Both consumers call it once per tile (the barriers inside are among all 256 consumer threads).
+// Steps 2-3 for one consumer and one tile whose scores sc are complete: mask, shared row max,
+// P into smem, alpha. Both consumers call it once per tile (the barriers inside are among all 256
+// consumer threads).
 template <typename Element>
-__device__ __forceinline__ void softmax_step(SharedStorage<Element>& s, const KVConsumer<kNumKvStages>& kv,
-                                             const PipelineState<kNumKvStages>& st, const RowCoords& rc, int consumer,
-                                             int tile_first_token, int seq_len, const int (&visible)[2],
-                                             int visible_min, float scale_log2, float (&m)[2], float (&l)[2],
-                                             float (&alpha)[2]) {
+__device__ __forceinline__ void softmax_finish(SharedStorage<Element>& s, const PipelineState<kNumKvStages>& st,
+                                               const RowCoords& rc, int consumer, int tile_first_token, int seq_len,
+                                               const int (&visible)[2], int visible_min, float scale_log2,
+                                               ScoreFragment& sc, float (&m)[2], float (&l)[2], float (&alpha)[2]) {
   const int thread = threadIdx.x % 128;
   const int first_token = tile_first_token + consumer * kKeysPerConsumer;  // this consumer's keys
-  ScoreFragment sc;
-  compute_scores(s, kv, st, consumer, sc);
   if (first_token + kKeysPerConsumer > visible_min) mask_scores(sc, rc, first_token, visible);
   float half_max[2];
   tile_row_max(sc, scale_log2, half_max);
@@ -206,20 +206,43 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
 
     ptx::mbarrier_wait(&s.q_full, piece_count & 1);
 
+    // Software pipeline over the piece's tiles: P V of tile t and Q K^T of tile t+1 go to the
+    // tensor cores back to back, so the softmax of t+1 is the only time they idle. The loop body
+    // has no branch around a wgmma (the last tile's P V is peeled off below).
+    ScoreFragment sc;
+    float alpha[2];
+    issue_scores(s, kv, st, consumer, sc);
+    wgmma_wait<0>();
+    fence_operands(sc);
+    softmax_finish(s, st, rc, consumer, w.begin_block * kBlockN, seq_len, visible, visible_min, scale_log2, sc, m,
+                   l, alpha);
 #pragma unroll 1
-    for (int blk = w.begin_block; blk < w.end_block; ++blk) {
-      float alpha[2];
-      softmax_step(s, kv, st, rc, consumer, blk * kBlockN, seq_len, visible, visible_min, scale_log2, m, l, alpha);
+    for (int blk = w.begin_block; blk + 1 < w.end_block; ++blk) {
+      const PipelineState<kNumKvStages> st_next = st.next();
       rescale_o(o, alpha);
       fence_operands(o);
       wgmma_fence();
       accumulate_pv<Element>(s, st.stage, consumer, o);
       wgmma_commit();
-      wgmma_wait<0>();
+      issue_scores(s, kv, st_next, consumer, sc);
+      wgmma_wait<1>();  // P V of tile t done: its stage goes back to the producer
       fence_operands(o);
       if (elected) kv.release(st);
-      st.advance();
+      wgmma_wait<0>();
+      fence_operands(sc);
+      softmax_finish(s, st_next, rc, consumer, (blk + 1) * kBlockN, seq_len, visible, visible_min, scale_log2, sc,
+                     m, l, alpha);
+      st = st_next;
     }
+    rescale_o(o, alpha);
+    fence_operands(o);
+    wgmma_fence();
+    accumulate_pv<Element>(s, st.stage, consumer, o);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(o);
+    if (elected) kv.release(st);
+    st.advance();
     // Q is no longer read: let the producer load the next request's Q while we finish.
     if (elected) ptx::mbarrier_arrive(&s.q_empty);
 
