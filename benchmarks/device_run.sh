@@ -56,7 +56,7 @@ fi
 
 if has bench; then
   echo "== benchmark"
-  timeout "${BENCH_TIMEOUT:-240}" python3 benchmarks/bench_decode.py --xla --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v "^#" | tail -20
+  timeout "${BENCH_TIMEOUT:-240}" python3 benchmarks/bench_decode.py ${BENCH_ARGS:---xla} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v "^#" | tail -20
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if has sanitize; then
