@@ -2,7 +2,9 @@
 # One full call on the GPU machine (the `device` tool's H200): install jax_mla, run the GPU tests,
 # the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
-#   bash benchmarks/device_run.sh [all|tests|bench|sanitize]...   (default: tests bench)
+#   bash benchmarks/device_run.sh [all|tests|bench|sanitize]...   (default: tests bench; run in that order)
+# Environment: TESTS_TIMEOUT, BENCH_TIMEOUT, BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
+# SANITIZE_TOOLS (default "memcheck racecheck").
 #
 # Install: a wheel carried in .whl-dist/ (built on the CPU machine, see docs/performance.md) when it
 # imports there; otherwise a build on the spot with --no-build-isolation (the GPU machine has no
@@ -16,7 +18,6 @@ export PYTHONUNBUFFERED=1
 # -P everywhere: the checkout's jax_mla/ (no compiled module) must not shadow the installed one.
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests bench)
-has() { for s in "${steps[@]}"; do [ "$s" = "$1" ] || [ "$s" = all ] && return 0; done; return 1; }
 status=0
 
 echo "== machine"
@@ -48,26 +49,37 @@ export JAX_MLA_REQUIRE_GPU=1
 echo "== smoke"
 timeout 120 python3 tests/gpu_sanitize_cases.py || { echo "smoke test failed or hung (exit $?)"; exit 1; }
 
-if has tests; then
+run_tests() {
   echo "== GPU tests"
   timeout "${TESTS_TIMEOUT:-300}" python3 -P -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.log" | tail -40
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
-fi
+}
 
-if has bench; then
+run_bench() {
   echo "== benchmark"
   timeout "${BENCH_TIMEOUT:-240}" python3 benchmarks/bench_decode.py ${BENCH_ARGS:---xla} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v "^#" | tail -20
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
-fi
-if has sanitize; then
+}
+
+run_sanitize() {
   echo "== compute-sanitizer (small cases)"
-  for tool in memcheck racecheck; do
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
     timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool $tool --target-processes all --error-exitcode 99 \
       python3 tests/gpu_sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
     rc=$?
     echo "$tool: exit $rc"; tail -5 "$OUT/sanitize_$tool.log"
     [ $rc = 0 ] || status=1
   done
-fi
+}
 
+# Steps run in the order given on the command line.
+for step in "${steps[@]}"; do
+  case "$step" in
+    tests) run_tests ;;
+    bench) run_bench ;;
+    sanitize) run_sanitize ;;
+    all) run_tests; run_bench; run_sanitize ;;
+    *) echo "unknown step $step"; status=1 ;;
+  esac
+done
 exit $status

@@ -6,7 +6,7 @@
 // no visible key for that row). The merged result is
 //   lse = log(sum_s exp(lse_s)),  O = sum_s exp(lse_s - lse) * O_s,
 // computed with the running maximum subtracted so that nothing overflows. A row for which every
-// split is -inf (no visible keys) gets O = 0 and lse = -inf, never NaN.
+// split is -inf (no visible keys) gets O = 0 and lse = -inf, never NaN; a NaN split makes the row NaN.
 #pragma once
 
 #include <cmath>
@@ -23,7 +23,16 @@ struct CombineWeights {
 // Writes exp(lse_s - lse) into weights[0..num) and returns the merged lse.
 MLA_HOST_DEVICE float combine_weights(const float* lse_parts, int num, int stride, float* weights) {
   float m = -INFINITY;
-  for (int s = 0; s < num; ++s) m = fmaxf(m, lse_parts[s * stride]);
+  bool nan = false;  // fmaxf drops NaN; a NaN split (NaN data) must make the merged row NaN
+  for (int s = 0; s < num; ++s) {
+    const float v = lse_parts[s * stride];
+    nan |= v != v;
+    m = fmaxf(m, v);
+  }
+  if (nan) {
+    for (int s = 0; s < num; ++s) weights[s] = NAN;
+    return NAN;
+  }
   if (m == -INFINITY) {
     for (int s = 0; s < num; ++s) weights[s] = 0.f;
     return -INFINITY;
