@@ -8,7 +8,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from . import _lowering, _validate
+from . import _lowering, _sharding, _validate
 from ._primitive import mla_decode_p, mla_decode_schedule_p
 
 _FALLBACK_NUM_SMS = 132  # H100/H200 SM count, used when no CUDA device is visible
@@ -60,6 +60,19 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal
       out (b, s_q, h_q, 512) in q's dtype, and with return_lse also lse (b, s_q, h_q) float32
       (natural log). Rows with no visible key (seq_len == 0, or causal and seq_len < s_q) get
       out = 0 and lse = -inf.
+
+    Sharding: inputs split over Explicit mesh axes (jax.make_mesh's default) run as one kernel
+    call per shard, with no collective, under jit or eagerly:
+      - batch (data parallel): q, block_table and seq_lens split on axis 0; kv_cache either
+        replicated or split on its page axis over the same mesh axes, shard i then holding pages
+        [i * P / n, (i + 1) * P / n). Page ids stay global: a request may only read its shard's
+        pages (else the call fails like an invalid page id). A passed schedule is not used, each
+        shard plans its own requests inside the op.
+      - heads (tensor parallel): q split on axis 2, the other operands replicated; a passed
+        schedule is used by every shard.
+    Other splits are resharded first (jax inserts the collectives; results never depend on the
+    sharding). Auto mesh axes are invisible at trace time, so plain jit runs the op replicated:
+    use jax.shard_map, inside which mla_decode sees each shard's arrays (ids local to its pages).
     """
     q, kv_cache, block_table, seq_lens = map(_as_array, (q, kv_cache, block_table, seq_lens))
     dims = _validate.check_decode_operands(q, kv_cache, block_table, seq_lens)
@@ -67,20 +80,33 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal
         _validate.HEAD_DIM_QK ** -0.5 if softmax_scale is None else softmax_scale)
     causal = _validate.check_bool("causal", causal)
     return_lse = _validate.check_bool("return_lse", return_lse)
-    if schedule is None:
-        num_parts = default_num_parts(dims.seq_q, dims.heads_q)
-        schedule = jnp.zeros((0,), jnp.int32)
-    else:
+    given_parts = None
+    if schedule is not None:
         schedule = _as_array(schedule)
-        num_parts = _validate.schedule_num_parts(schedule, dims.batch)
+        given_parts = _validate.schedule_num_parts(schedule, dims.batch)
     _validate.check_concrete_seq_lens(seq_lens, block_table, dims)
 
-    kv_cache = jnp.asarray(kv_cache)
-    if kv_cache.ndim == 4:
-        kv_cache = kv_cache.reshape(dims.num_pages, dims.page_size, _validate.HEAD_DIM_QK)
-    out, lse = mla_decode_p.bind(jnp.asarray(q), kv_cache, jnp.asarray(block_table),
-                                 jnp.asarray(seq_lens), jnp.asarray(schedule),
+    def call(q, kv_cache, block_table, seq_lens, schedule):
+        # One kernel call on (per-shard) arrays; dims may be a shard's, not the global ones.
+        if kv_cache.ndim == 4:
+            kv_cache = kv_cache.reshape(kv_cache.shape[0], kv_cache.shape[1], _validate.HEAD_DIM_QK)
+        if schedule is None:
+            num_parts = given_parts or default_num_parts(q.shape[1], q.shape[2])
+            schedule = jnp.zeros((0,), jnp.int32)
+        else:
+            num_parts = given_parts
+        return mla_decode_p.bind(q, kv_cache, block_table, seq_lens, schedule,
                                  softmax_scale=scale, causal=causal, num_parts=num_parts)
+
+    plan = _sharding.plan(q, kv_cache, block_table, seq_lens)
+    args = [jnp.asarray(x) for x in (q, kv_cache, block_table, seq_lens)]
+    sched = None if schedule is None else jnp.asarray(schedule)
+    if plan is None:
+        out, lse = call(*args, sched)
+    else:
+        _sharding.check_concrete_placement(plan, block_table, seq_lens, dims.num_pages,
+                                           dims.page_size)
+        out, lse = _sharding.sharded_call(plan, call, *args, sched)
     return (out, lse) if return_lse else out
 
 

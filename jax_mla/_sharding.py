@@ -1,0 +1,158 @@
+"""mla_decode on sharded inputs: a shard_map over the batch and head axes, chosen from the inputs'
+explicit shardings.
+
+Why not let XLA partition the custom call: XLA has no partitioner for an unknown custom call and
+replicates its operands (all-gathers). Registering the target as batch partitionable
+(jax.ffi.register_ffi_target_as_batch_partitionable + the num_batch_dims frontend attribute) splits
+EVERY operand along its leading axis, the kv_cache's page axis included, so each shard would read
+its block table's page ids as ids into its own slice of pages: the result of a jitted call would
+then depend on how its inputs are sharded (a replicated cache gets sliced too), and the CUDA
+workspace result would be split as well. jax.experimental.custom_partitioning can express the op's
+real rule but is a Python callback at compile time that jax.export cannot serialize. A shard_map
+keeps the op's global semantics, needs no partitioner, and exports.
+
+The plan, for arrays whose shardings name Explicit mesh axes (jax.make_mesh's default axis type;
+`jax.typeof(x).sharding` shows them at trace time):
+  - batch axes: the mesh axes of q's dimension 0. block_table and seq_lens are split the same way.
+  - head axes: the mesh axes of q's dimension 2 (query heads are independent).
+  - the cache: when its page axis is split over exactly the batch axes, each shard keeps its own
+    pages (data parallel: shard i holds pages [i * P / n, (i + 1) * P / n) and the requests of
+    batch slice i); page ids stay GLOBAL and are rebased per shard, an id outside the shard's pages
+    becoming invalid (-1), which the kernels report (CPU: an error; GPU: NaN for that request).
+    Any other cache sharding is replicated first.
+  - anything else (q sharded on s_q or the 576 columns, ...) is resharded by the shard_map (jax
+    inserts the collectives), so results never depend on the sharding.
+Meshes of Auto axes are invisible at trace time: under plain jit the op then runs replicated
+(XLA gathers its operands); write the shard_map yourself (per shard, mla_decode sees local arrays).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+
+class Plan(NamedTuple):
+    mesh: Any                       # jax.sharding.AbstractMesh
+    batch_axes: tuple[str, ...]     # mesh axes splitting the batch (q's dim 0)
+    head_axes: tuple[str, ...]      # mesh axes splitting the query heads (q's dim 2)
+    pages_sharded: bool             # kv_cache's pages split over batch_axes (per-shard pages)
+
+    @property
+    def batch_entry(self):
+        return _entry(self.batch_axes)
+
+    @property
+    def head_entry(self):
+        return _entry(self.head_axes)
+
+    def num_batch_shards(self) -> int:
+        return int(np.prod([self.mesh.shape[a] for a in self.batch_axes], dtype=np.int64))
+
+
+def _entry(axes: tuple[str, ...]):
+    """A PartitionSpec entry for `axes`: None, one name, or a tuple of names."""
+    if not axes:
+        return None
+    return axes[0] if len(axes) == 1 else axes
+
+
+def _explicit_sharding(x: Any):
+    """(abstract mesh, spec entries padded to x's rank) when x carries a sharding over Explicit
+    mesh axes, else None."""
+    try:
+        sharding = jax.typeof(x).sharding
+    except Exception:  # noqa: BLE001 - not an array jax can type: nothing to plan
+        return None
+    mesh = getattr(sharding, "mesh", None)
+    spec = getattr(sharding, "spec", None)
+    if mesh is None or spec is None or getattr(mesh, "empty", True):
+        return None
+    explicit = set(getattr(mesh, "explicit_axes", ()))
+    if not explicit:
+        return None
+    entries = []
+    for e in tuple(spec) + (None,) * (len(np.shape(x)) - len(spec)):
+        axes = () if e is None else ((e,) if isinstance(e, str) else tuple(e))
+        entries.append(tuple(a for a in axes if a in explicit))
+    return mesh, entries
+
+
+def plan(q: Any, kv_cache: Any, block_table: Any, seq_lens: Any) -> Plan | None:
+    """How to split one mla_decode call, or None when no operand is split over explicit axes."""
+    found = [_explicit_sharding(x) for x in (q, kv_cache, block_table, seq_lens)]
+    meshes = [f[0] for f in found if f is not None]
+    if not meshes:
+        return None
+    mesh = meshes[0]
+    q_entries = found[0][1] if found[0] is not None and found[0][0] == mesh else [()] * 4
+    batch_axes, head_axes = q_entries[0], q_entries[2]
+    kv = found[1]
+    pages_sharded = bool(batch_axes) and kv is not None and kv[0] == mesh and kv[1][0] == batch_axes
+    if not batch_axes and not head_axes:
+        # q is replicated: nothing to split (a sharded cache or table is gathered by XLA).
+        return None
+    return Plan(mesh, batch_axes, head_axes, pages_sharded)
+
+
+def check_concrete_placement(p: Plan, block_table: Any, seq_lens: Any, num_pages: int,
+                             page_size: int, where: str = "mla_decode") -> None:
+    """With concrete inputs and per-shard pages, every page a request reads must be one of its
+    shard's pages (a clear error at call time instead of the kernel's run-time error)."""
+    from ._validate import is_concrete
+
+    if not (p.pages_sharded and is_concrete(block_table) and is_concrete(seq_lens)):
+        return
+    n = p.num_batch_shards()
+    table = np.asarray(block_table)
+    lens = np.asarray(seq_lens)
+    b = table.shape[0]
+    per_shard_pages = num_pages // n
+    shard = (np.arange(b) // (b // n))[:, None]
+    used = -(-lens // page_size)
+    read = np.arange(table.shape[1])[None, :] < used[:, None]
+    lo = shard * per_shard_pages
+    bad = read & ((table < lo) | (table >= lo + per_shard_pages))
+    if bad.any():
+        r, i = (int(v) for v in np.argwhere(bad)[0])
+        s = int(shard[r, 0])
+        raise ValueError(
+            f"{where}: kv_cache's pages are sharded over the batch axes {p.batch_axes} like the "
+            f"requests, so request {r} (on batch shard {s} of {n}) may only read that shard's pages "
+            f"[{s * per_shard_pages}, {(s + 1) * per_shard_pages}), got block_table[{r}, {i}] = "
+            f"{int(table[r, i])}; replicate kv_cache or place each request's pages on its shard")
+
+
+def sharded_call(p: Plan, body, q, kv_cache, block_table, seq_lens, schedule):
+    """Runs body(q, kv_cache, block_table, seq_lens, schedule_or_None) -> (out, lse) per shard.
+
+    A schedule is only passed through when the batch is not split (it describes the whole batch);
+    under batch sharding each shard plans its own requests inside the op.
+    """
+    B, H = p.batch_entry, p.head_entry
+    q_spec = P(B, None, H, None)
+    kv_spec = P(B) if p.pages_sharded else P()
+    in_specs = [q_spec, kv_spec, P(B, None), P(B)]
+    args = [q, kv_cache, block_table, seq_lens]
+    keep_schedule = schedule is not None and not p.batch_axes
+    if keep_schedule:
+        in_specs.append(P())
+        args.append(schedule)
+
+    def per_shard(q, kv_cache, block_table, seq_lens, *sched):
+        if p.pages_sharded:
+            local_pages = kv_cache.shape[0]
+            base = jax.lax.axis_index(B) * local_pages
+            valid = (block_table >= base) & (block_table < base + local_pages)
+            block_table = jnp.where(valid, block_table - base, jnp.int32(-1))
+        out, lse = body(q, kv_cache, block_table, seq_lens, sched[0] if sched else None)
+        return out, lse
+
+    out_specs = (P(B, None, H, None), P(B, None, H))
+    # Manual over the mesh's Explicit axes only: Auto axes (a mixed mesh) stay with XLA.
+    return jax.shard_map(per_shard, mesh=p.mesh, in_specs=tuple(in_specs), out_specs=out_specs,
+                         axis_names=set(p.mesh.explicit_axes))(*args)
