@@ -35,6 +35,10 @@ LARGE_CASES: list[cases.Case] = [
     cases.Case(lens=(4096,) * 16, s_q=2, h_q=128, page_size=64, causal=True, seed=9104),
     cases.Case(lens=tuple(int(x) for x in np.random.default_rng(9105).integers(1, 9128, 64)),
                h_q=128, page_size=64, seed=9105),
+    # The SM90 issue's larger cases: b = 256, a 128K context, s_q = 4 causal.
+    cases.Case(lens=(1024,) * 256, h_q=16, page_size=64, extra_pages=8, seed=9106),
+    cases.Case(lens=(131072,), h_q=128, page_size=256, seed=9107),
+    cases.Case(lens=(2048,) * 8, s_q=4, h_q=128, page_size=128, causal=True, seed=9108),
 ]
 CASES = cases.edge_cases(GPU_PAGE_SIZES) + SWEEP + EXTRA_CASES
 
