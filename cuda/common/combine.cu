@@ -124,16 +124,9 @@ __global__ void __launch_bounds__(32 * kRowsPerCta) combine_kernel(const __grid_
 }  // namespace
 
 cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(p.batch, (p.rows + kRowsPerCta - 1) / kRowsPerCta, kColSlices);
-  cfg.blockDim = dim3(32 * kRowsPerCta);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = pdl_launch_config(
+      dim3(p.batch, (p.rows + kRowsPerCta - 1) / kRowsPerCta, kColSlices), dim3(32 * kRowsPerCta), 0, stream, &attr);
   if (p.dtype == DType::kBF16) return cudaLaunchKernelEx(&cfg, combine_kernel<__nv_bfloat16>, p);
   return cudaLaunchKernelEx(&cfg, combine_kernel<__half>, p);
 }

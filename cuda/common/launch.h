@@ -9,6 +9,23 @@
 
 namespace jax_mla {
 
+// Launch configuration with programmatic dependent launch: the kernel may start while the previous
+// kernel on the stream finishes; it must call ptx::grid_dependency_wait() before reading that
+// kernel's results. `attr` must outlive the launch call.
+inline cudaLaunchConfig_t pdl_launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                            cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr->val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 // Largest batch the one-CTA device scheduler plans (its prefix sums live in shared memory).
 inline constexpr int kMaxScheduleBatch = 16384;
 

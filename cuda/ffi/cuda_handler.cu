@@ -101,6 +101,7 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
       e.failure()) {
     return e;
   }
+  if (p.batch == 0) return ffi::Error::Success();  // nothing to launch (a grid of 0 CTAs is an error)
   const bool schedule_in_op = p.schedule == nullptr;
   if (ffi::Error e = check_gpu_limits(p, static_cast<int64_t>(workspace->size_bytes()), schedule_in_op); e.failure()) {
     return e;
@@ -151,6 +152,7 @@ ffi::Error ScheduleExecuteImpl(cudaStream_t stream, ffi::AnyBuffer seq_lens, ffi
                                int32_t num_parts) {
   int batch = 0;
   if (ffi::Error e = ffi_args::check_schedule(seq_lens, *schedule, num_parts, &batch); e.failure()) return e;
+  // An empty batch still has a schedule of num_parts empty parts: the kernel writes it (one CTA).
   if (batch > kMaxScheduleBatch) {
     return invalid_argument("jax_mla_decode_schedule", "batch ", batch, " exceeds the device scheduler's limit ",
                             kMaxScheduleBatch);
