@@ -99,6 +99,39 @@ def plan(q: Any, kv_cache: Any, block_table: Any, seq_lens: Any) -> Plan | None:
     return Plan(mesh, batch_axes, head_axes, pages_sharded)
 
 
+def cache_plan(kv_cache: Any, new_latent: Any) -> Plan | None:
+    """update_kv_cache's plan: per-shard writes when new_latent's batch and kv_cache's pages are
+    split over the same explicit axes; None otherwise (XLA partitions the scatter)."""
+    nl, kv = _explicit_sharding(new_latent), _explicit_sharding(kv_cache)
+    if nl is None or kv is None or nl[0] != kv[0] or not nl[1][0] or kv[1][0] != nl[1][0]:
+        return None
+    return Plan(nl[0], nl[1][0], (), True)
+
+
+def _foreign_page(p: Plan, table: np.ndarray, used: np.ndarray, num_pages: int):
+    """First (r, i, shard, lo, hi) where a used table entry is not a page of request r's shard."""
+    n = p.num_batch_shards()
+    b = table.shape[0]
+    per_shard = num_pages // n
+    shard = (np.arange(b) // (b // n))[:, None]
+    lo = shard * per_shard
+    bad = used & ((table < lo) | (table >= lo + per_shard))
+    if not bad.any():
+        return None
+    r, i = (int(v) for v in np.argwhere(bad)[0])
+    s = int(shard[r, 0])
+    return r, i, s, s * per_shard, (s + 1) * per_shard
+
+
+def _placement_error(p: Plan, found, table, where: str, what: str) -> ValueError:
+    r, i, s, lo, hi = found
+    return ValueError(
+        f"{where}: kv_cache's pages are sharded over the batch axes {p.batch_axes} like the "
+        f"requests, so request {r} (on batch shard {s} of {p.num_batch_shards()}) may only {what} "
+        f"that shard's pages [{lo}, {hi}), got block_table[{r}, {i}] = {int(table[r, i])}; "
+        f"replicate kv_cache or place each request's pages on its shard")
+
+
 def check_concrete_placement(p: Plan, block_table: Any, seq_lens: Any, num_pages: int,
                              page_size: int, where: str = "mla_decode") -> None:
     """With concrete inputs and per-shard pages, every page a request reads must be one of its
@@ -107,24 +140,29 @@ def check_concrete_placement(p: Plan, block_table: Any, seq_lens: Any, num_pages
 
     if not (p.pages_sharded and is_concrete(block_table) and is_concrete(seq_lens)):
         return
-    n = p.num_batch_shards()
     table = np.asarray(block_table)
-    lens = np.asarray(seq_lens)
-    b = table.shape[0]
-    per_shard_pages = num_pages // n
-    shard = (np.arange(b) // (b // n))[:, None]
-    used = -(-lens // page_size)
+    used = -(-np.asarray(seq_lens) // page_size)
     read = np.arange(table.shape[1])[None, :] < used[:, None]
-    lo = shard * per_shard_pages
-    bad = read & ((table < lo) | (table >= lo + per_shard_pages))
-    if bad.any():
-        r, i = (int(v) for v in np.argwhere(bad)[0])
-        s = int(shard[r, 0])
-        raise ValueError(
-            f"{where}: kv_cache's pages are sharded over the batch axes {p.batch_axes} like the "
-            f"requests, so request {r} (on batch shard {s} of {n}) may only read that shard's pages "
-            f"[{s * per_shard_pages}, {(s + 1) * per_shard_pages}), got block_table[{r}, {i}] = "
-            f"{int(table[r, i])}; replicate kv_cache or place each request's pages on its shard")
+    found = _foreign_page(p, table, read, num_pages)
+    if found:
+        raise _placement_error(p, found, table, where, "read")
+
+
+def check_concrete_write_placement(p: Plan, block_table: Any, positions: Any, num_pages: int,
+                                   page_size: int, where: str = "update_kv_cache") -> None:
+    """The same for update_kv_cache: the pages written (positions >= 0) must be the shard's."""
+    from ._validate import is_concrete
+
+    if not (is_concrete(block_table) and is_concrete(positions)):
+        return
+    table = np.asarray(block_table)
+    pos = np.asarray(positions)
+    written = np.zeros(table.shape, bool)
+    rows, _ = np.nonzero(pos >= 0)
+    written[rows, pos[pos >= 0] // page_size] = True
+    found = _foreign_page(p, table, written, num_pages)
+    if found:
+        raise _placement_error(p, found, table, where, "write")
 
 
 def sharded_call(p: Plan, body, q, kv_cache, block_table, seq_lens, schedule):

@@ -294,3 +294,128 @@ def check_schedule_operand(schedule: Any, batch: int, num_parts: int, where: str
     dt = _dtype(schedule)
     if dt != _INT32:
         raise TypeError(f"{where}: schedule must have dtype int32, got {_dtype_name(dt)}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Paged cache update (update_kv_cache)
+# ----------------------------------------------------------------------------------------------
+
+
+class CacheUpdateDims(NamedTuple):
+    batch: int
+    new_tokens: int
+    num_pages: int
+    page_size: int
+    max_pages: int
+
+
+def check_cache_update_operands(kv_cache: Any, new_latent: Any, block_table: Any, positions: Any,
+                                where: str = "update_kv_cache") -> CacheUpdateDims:
+    """Ranks, dims and dtypes of update_kv_cache's operands; returns the problem's dims."""
+    kv_shape = _shape(kv_cache)
+    if len(kv_shape) == 4:
+        if kv_shape[2] != 1:
+            raise ValueError(
+                f"{where}: a rank-4 kv_cache must have shape (num_pages, page_size, 1, {HEAD_DIM_QK}) "
+                f"(one latent head), got shape {kv_shape}")
+    elif len(kv_shape) != 3:
+        raise ValueError(
+            f"{where}: kv_cache must have shape (num_pages, page_size, {HEAD_DIM_QK}) or "
+            f"(num_pages, page_size, 1, {HEAD_DIM_QK}), got shape {kv_shape}")
+    if kv_shape[-1] != HEAD_DIM_QK:
+        raise ValueError(
+            f"{where}: kv_cache must have last dimension {HEAD_DIM_QK}, got shape {kv_shape}")
+    num_pages, page_size = kv_shape[0], kv_shape[1]
+    if num_pages < 1 or page_size < 1:
+        raise ValueError(
+            f"{where}: kv_cache must have at least one page of at least one row, got shape {kv_shape}")
+    kv_dtype = _dtype(kv_cache)
+    if kv_dtype not in _FLOAT_DTYPES:
+        raise TypeError(
+            f"{where}: kv_cache must have dtype bfloat16 or float16, got {_dtype_name(kv_dtype)}")
+
+    nl_shape = _shape(new_latent)
+    if len(nl_shape) != 3 or nl_shape[-1] != HEAD_DIM_QK:
+        raise ValueError(
+            f"{where}: new_latent must have shape (b, s_new, {HEAD_DIM_QK}) (rank 3, last dimension "
+            f"{HEAD_DIM_QK}: the 512 compressed-KV values then the 64 RoPE key values), "
+            f"got shape {nl_shape}")
+    b, s_new, _ = nl_shape
+    if b < 1 or s_new < 1:
+        raise ValueError(
+            f"{where}: new_latent must have b >= 1 requests and s_new >= 1 tokens, got shape {nl_shape}")
+    nl_dtype = _dtype(new_latent)
+    if nl_dtype != kv_dtype:
+        raise TypeError(
+            f"{where}: new_latent must have the same dtype as kv_cache ({_dtype_name(kv_dtype)}), "
+            f"got {_dtype_name(nl_dtype)} (convert it explicitly, e.g. with .astype(kv_cache.dtype))")
+
+    bt_shape = _shape(block_table)
+    if len(bt_shape) != 2 or bt_shape[0] != b:
+        raise ValueError(
+            f"{where}: block_table must have shape (b, max_pages) = ({b}, max_pages) with b from "
+            f"new_latent, got shape {bt_shape}")
+    if bt_shape[1] < 1:
+        raise ValueError(f"{where}: block_table must have at least one column, got shape {bt_shape}")
+    bt_dtype = _dtype(block_table)
+    if bt_dtype != _INT32:
+        raise TypeError(
+            f"{where}: block_table must have dtype int32, got {_dtype_name(bt_dtype)} "
+            f"(convert it explicitly, e.g. with .astype(jnp.int32))")
+
+    pos_shape = _shape(positions)
+    if pos_shape != (b, s_new):
+        raise ValueError(
+            f"{where}: positions must have shape (b, s_new) = ({b}, {s_new}) like new_latent's first "
+            f"two dimensions, got shape {pos_shape}")
+    pos_dtype = _dtype(positions)
+    if pos_dtype != _INT32:
+        raise TypeError(
+            f"{where}: positions must have dtype int32, got {_dtype_name(pos_dtype)} "
+            f"(convert it explicitly, e.g. with .astype(jnp.int32))")
+    if num_pages + b * s_new > _INT32_MAX:
+        raise ValueError(
+            f"{where}: kv_cache has {num_pages} pages; with {b * s_new} new tokens the page indices "
+            f"no longer fit in int32")
+    return CacheUpdateDims(b, s_new, num_pages, page_size, bt_shape[1])
+
+
+def check_concrete_positions(positions: Any, block_table: Any, dims: CacheUpdateDims,
+                             where: str = "update_kv_cache") -> None:
+    """Value checks at call time when positions (and block_table) are concrete: every position
+    >= 0 fits the block table and lands on a page of the cache. Negative positions are padding
+    (not written). Traced values are not checked: such writes are dropped."""
+    if not is_concrete(positions):
+        return
+    pos = np.asarray(positions)
+    capacity = dims.max_pages * dims.page_size
+    bad = np.argwhere(pos >= capacity)
+    if bad.size:
+        r, t = (int(v) for v in bad[0])
+        raise ValueError(
+            f"{where}: positions must be < max_pages * page_size = {dims.max_pages} * "
+            f"{dims.page_size} = {capacity} (or negative for padding, not written), "
+            f"got positions[{r}, {t}] = {int(pos[r, t])}")
+    if not is_concrete(block_table):
+        return
+    table = np.asarray(block_table)
+    written = pos >= 0
+    cols = np.where(written, pos // dims.page_size, 0)
+    pages = np.take_along_axis(table, cols, axis=1)
+    bad = np.argwhere(written & ((pages < 0) | (pages >= dims.num_pages)))
+    if bad.size:
+        r, t = (int(v) for v in bad[0])
+        raise ValueError(
+            f"{where}: the page written by each new token must be a page id in [0, num_pages) = "
+            f"[0, {dims.num_pages}), got block_table[{r}, {int(cols[r, t])}] = {int(pages[r, t])} "
+            f"for positions[{r}, {t}] = {int(pos[r, t])}")
+    rows = (pages.astype(np.int64) * dims.page_size + pos % dims.page_size)[written]
+    uniq, counts = np.unique(rows, return_counts=True)
+    if (counts > 1).any():
+        row = int(uniq[np.argmax(counts > 1)])
+        hits = [tuple(int(v) for v in rt) for rt in np.argwhere(written)[rows == row]]
+        raise ValueError(
+            f"{where}: two new tokens write the same cache row (page {row // dims.page_size}, slot "
+            f"{row % dims.page_size}): positions{list(hits[0])} and positions{list(hits[1])}; "
+            f"positions must be distinct within a request and requests must not share the pages "
+            f"they write")

@@ -1,0 +1,199 @@
+"""jax_mla.update_kv_cache: values, in-place update of a donated cache, validation (on CPU)."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cases
+import jax_mla
+from jax_mla import _cache
+
+D = 576
+
+
+@pytest.fixture(autouse=True)
+def on_cpu():
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+def problem(dtype="bfloat16", rank4=False, num_pages=20, page_size=8, seed=0):
+    """A cache full of random bits (NaN/inf patterns included), two requests with shuffled pages
+    and new tokens crossing page boundaries, one padding entry."""
+    rng = np.random.default_rng(seed)
+    dt = cases.DTYPES[dtype]
+    bits = rng.integers(0, 2**16, size=(num_pages, page_size, D), dtype=np.uint16)
+    kv = bits.view(dt)
+    if rank4:
+        kv = kv.reshape(num_pages, page_size, 1, D)
+    table = rng.permutation(num_pages)[:12].astype(np.int32).reshape(2, 6)
+    table[1, 5] = -1  # never written: past the last position used
+    positions = np.array([[6, 7, 8, 9], [0, 39, -1, 17]], np.int32)  # -1: padding
+    new = rng.standard_normal((2, 4, D)).astype(dt)
+    return kv, new, table, positions
+
+
+def expected(kv, new, table, positions):
+    want = np.array(kv).reshape(kv.shape[0], kv.shape[1], D)
+    page_size = kv.shape[1]
+    for r in range(positions.shape[0]):
+        for t in range(positions.shape[1]):
+            p = int(positions[r, t])
+            if p >= 0:
+                want[table[r, p // page_size], p % page_size] = new[r, t]
+    return want.reshape(kv.shape)
+
+
+def bits(x):
+    return np.asarray(x).view(np.uint16)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("rank4", [False, True])
+def test_values_and_untouched_rows_bit_identical(dtype, rank4):
+    kv, new, table, positions = problem(dtype, rank4)
+    got = jax.jit(jax_mla.update_kv_cache)(kv, new, table, positions)
+    assert got.shape == kv.shape and got.dtype == kv.dtype
+    want = expected(kv, new, table, positions)
+    np.testing.assert_array_equal(bits(got), bits(want))
+    # Exactly the 7 written rows changed (the padding entry wrote nothing).
+    changed = (bits(got) != bits(kv)).reshape(kv.shape[0] * kv.shape[1], D).any(axis=1)
+    assert changed.sum() == 7
+    # Eager call, same result.
+    np.testing.assert_array_equal(bits(jax_mla.update_kv_cache(kv, new, table, positions)),
+                                  bits(want))
+
+
+def test_appended_tokens_are_what_mla_decode_reads():
+    data = cases.make(cases.Case(lens=(9, 30), h_q=4, page_size=8, extra_slots=2, seed=3))
+    kv, table, lens = data.kv_cache, data.block_table, data.seq_lens
+    rng = np.random.default_rng(4)
+    new = rng.standard_normal((2, 1, D)).astype(kv.dtype)
+    kv2 = jax.jit(jax_mla.update_kv_cache)(kv, new, table, lens[:, None])
+    lens2 = lens + 1
+    data.kv_cache, data.seq_lens = np.asarray(kv2), lens2
+    data.dense_kv = [np.concatenate([d, new[r]]) for r, d in enumerate(data.dense_kv)]
+    out, lse = jax_mla.mla_decode(data.q, kv2, table, lens2, return_lse=True)
+    cases.assert_close_rounding_only(out, lse, *cases.brute_force(data), "bfloat16",
+                                     cases.max_abs_score(data))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("rank4", [False, True])
+def test_donated_cache_is_updated_in_place(dtype, rank4):
+    kv, new, table, positions = problem(dtype, rank4, num_pages=64, page_size=16)
+    cache_bytes = kv.size * kv.itemsize
+    step = jax.jit(jax_mla.update_kv_cache, donate_argnums=0)
+    compiled = step.lower(jnp.asarray(kv), new, table, positions).compile()
+    # The cache (parameter 0) is aliased to the result...
+    header = compiled.as_text().splitlines()[0]
+    assert re.search(r"input_output_alias=\{ \{\}: \(0, \{\}, may-alias\) \}", header), header
+    stats = compiled.memory_analysis()
+    assert stats.alias_size_in_bytes == cache_bytes
+    temp = stats.temp_size_in_bytes
+    if dtype == "bfloat16" and _cache._CPU_UPCASTS_BF16_SCATTER:
+        # jaxlib < 0.12 on CPU: scattered as uint16 bits, through one copy (documented).
+        assert cache_bytes <= temp < cache_bytes * 9 // 8, (temp, cache_bytes)
+    else:
+        # ...and no cache-sized temporary exists (no copy, no float32 upcast).
+        assert temp < cache_bytes // 8, (temp, cache_bytes)
+    x = jnp.asarray(kv)
+    ptr = x.unsafe_buffer_pointer()
+    out = step(x, new, table, positions)
+    assert x.is_deleted() and out.unsafe_buffer_pointer() == ptr
+    np.testing.assert_array_equal(bits(out), bits(expected(kv, new, table, positions)))
+
+
+def test_without_donation_the_input_is_kept():
+    kv, new, table, positions = problem()
+    x = jnp.asarray(kv)
+    jax.jit(jax_mla.update_kv_cache)(x, new, table, positions)
+    np.testing.assert_array_equal(bits(x), bits(kv))
+
+
+def test_traced_out_of_range_entries_are_not_written():
+    kv, new, table, positions = problem()
+    positions = positions.copy()
+    positions[0, 0] = 6 * 8      # past the block table (capacity 48)
+    positions[1, 1] = 41         # column 5 holds page id -1
+    got = jax.jit(jax_mla.update_kv_cache)(kv, new, table, positions)
+    np.testing.assert_array_equal(bits(got), bits(expected(kv, new, table, np.where(
+        np.isin(np.arange(8).reshape(2, 4), [0, 5]), -1, positions))))
+
+
+def test_lowering_per_platform():
+    kv, new, table, positions = problem()
+    traced = jax.jit(jax_mla.update_kv_cache).trace(kv, new, table, positions)
+    cpu = traced.lower(lowering_platforms=("cpu",)).as_text()
+    cuda = traced.lower(lowering_platforms=("cuda",)).as_text()
+    for text in (cpu, cuda):
+        assert "stablehlo.scatter" in text and "unique_indices = true" in text
+    assert "bitcast_convert" not in cuda
+    assert ("bitcast_convert" in cpu) == _cache._CPU_UPCASTS_BF16_SCATTER
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------
+
+def _args(**over):
+    kv, new, table, positions = problem()
+    args = dict(kv_cache=kv, new_latent=new, block_table=table, positions=positions)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over, exc, msg", [
+    (dict(kv_cache=np.zeros((4, 8, 512), np.float16)), ValueError,
+     r"kv_cache must have last dimension 576, got shape \(4, 8, 512\)"),
+    (dict(kv_cache=np.zeros((4, 8, 2, 576), np.float16)), ValueError,
+     r"a rank-4 kv_cache must have shape \(num_pages, page_size, 1, 576\) \(one latent head\)"),
+    (dict(kv_cache=np.zeros((4, 576), np.float16)), ValueError, r"kv_cache must have shape"),
+    (dict(kv_cache=np.zeros((4, 8, 576), np.float32)), TypeError,
+     r"kv_cache must have dtype bfloat16 or float16, got float32"),
+    (dict(new_latent=np.zeros((2, 4, 512), np.float16)), ValueError,
+     r"new_latent must have shape \(b, s_new, 576\).*got shape \(2, 4, 512\)"),
+    (dict(new_latent=np.zeros((2, 4, 576), np.float16)), TypeError,
+     r"new_latent must have the same dtype as kv_cache \(bfloat16\), got float16"),
+    (dict(block_table=np.zeros((3, 6), np.int32)), ValueError,
+     r"block_table must have shape \(b, max_pages\) = \(2, max_pages\).*got shape \(3, 6\)"),
+    (dict(block_table=np.zeros((2, 6), np.int64)), TypeError,
+     r"block_table must have dtype int32, got int64"),
+    (dict(positions=np.zeros((2, 3), np.int32)), ValueError,
+     r"positions must have shape \(b, s_new\) = \(2, 4\).*got shape \(2, 3\)"),
+    (dict(positions=np.zeros((2, 4), np.int64)), TypeError,
+     r"positions must have dtype int32, got int64"),
+])
+def test_shape_and_dtype_errors(over, exc, msg):
+    with pytest.raises(exc, match="update_kv_cache: " + msg):
+        jax_mla.update_kv_cache(**_args(**over))
+
+
+def test_concrete_value_errors():
+    kv, new, table, positions = problem()
+    bad = positions.copy()
+    bad[1, 3] = 48
+    with pytest.raises(ValueError, match=r"positions must be < max_pages \* page_size = 6 \* 8 = 48.*"
+                                         r"got positions\[1, 3\] = 48"):
+        jax_mla.update_kv_cache(kv, new, table, bad)
+    bad = positions.copy()
+    bad[1, 3] = 41  # column 5: page id -1
+    with pytest.raises(ValueError, match=r"page id in \[0, num_pages\) = \[0, 20\), "
+                                         r"got block_table\[1, 5\] = -1 for positions\[1, 3\] = 41"):
+        jax_mla.update_kv_cache(kv, new, table, bad)
+    bad = positions.copy()
+    bad[0, 1] = 6  # positions[0, 0] is 6 too
+    with pytest.raises(ValueError, match=r"two new tokens write the same cache row.*"
+                                         r"positions\[0, 0\] and positions\[0, 1\]"):
+        jax_mla.update_kv_cache(kv, new, table, bad)
+    shared = table.copy()
+    shared[1, 0] = table[0, 0]  # request 1's position 0 lands on request 0's page, slot 0
+    pos = positions.copy()
+    pos[0, 0] = 0
+    with pytest.raises(ValueError, match="requests must not share the pages they write"):
+        jax_mla.update_kv_cache(kv, new, shared, pos)
