@@ -1,0 +1,85 @@
+"""jax.export of a whole decode step (cache update, schedule, attention): serialized here and run
+in a FRESH process (tests/export_worker.py), for the CPU alone and for ("cpu", "cuda")."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cases
+import jax_mla
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+H_Q = 16
+
+
+@pytest.fixture(autouse=True)
+def on_cpu():
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+def decode_step(q, kv_cache, block_table, seq_lens, new_latent):
+    """Append one token per request, then attend over the cache with a shared schedule."""
+    kv_cache = jax_mla.update_kv_cache(kv_cache, new_latent, block_table, seq_lens[:, None])
+    seq_lens = seq_lens + 1
+    schedule = jax_mla.decode_schedule(seq_lens, num_heads=H_Q)
+    out, lse = jax_mla.mla_decode(q, kv_cache, block_table, seq_lens, causal=True,
+                                  return_lse=True, schedule=schedule)
+    return out, lse, kv_cache
+
+
+def step_inputs():
+    # Lengths that are not multiples of the page size: the new token fits an allocated page.
+    data = cases.make(cases.Case(lens=(5, 30, 17), h_q=H_Q, page_size=16, seed=90))
+    new = np.random.default_rng(91).standard_normal((3, 1, 576)).astype(data.kv_cache.dtype)
+    return [data.q, data.kv_cache, data.block_table, data.seq_lens, new]
+
+
+def test_exported_step_runs_in_a_fresh_process(tmp_path):
+    args = step_inputs()
+    fn = jax.jit(decode_step)
+    want = [np.asarray(x) for x in fn(*args)]
+    ref_out, ref_lse = jax.jit(jax_mla.reference.mla_decode_reference,
+                               static_argnames="causal")(args[0], want[2], args[2], args[3] + 1,
+                                                         causal=True)
+    np.testing.assert_allclose(np.asarray(want[0], np.float32), np.asarray(ref_out, np.float32),
+                               atol=2e-2, rtol=2e-2)
+
+    with open(tmp_path / "inputs.pkl", "wb") as f:
+        pickle.dump(args, f)
+    for name, platforms in (("cpu", None), ("cpu_cuda", ("cpu", "cuda"))):
+        exp = jax.export.export(fn, platforms=platforms,
+                                disabled_checks=jax_mla.export_disabled_checks())(*args)
+        assert exp.platforms == (platforms or ("cpu",))
+        text = exp.mlir_module()
+        assert "jax_mla_decode" in text and "jax_mla_decode_schedule" in text
+        (tmp_path / f"{name}.bin").write_bytes(exp.serialize())
+        with open(tmp_path / f"{name}.pkl", "wb") as f:
+            pickle.dump(want, f)
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-P", os.path.join(TESTS, "export_worker.py"),
+                           str(tmp_path)], cwd=str(tmp_path), env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"
+    assert "cpu: ok" in proc.stdout and "cpu_cuda: ok" in proc.stdout, proc.stdout
+    assert "before import jax_mla: refused" in proc.stdout, proc.stdout
+
+
+def test_cuda_export_lowers_on_a_cpu_only_machine():
+    """platforms=("cuda",) alone: lowering needs no GPU (the CUDA workspace result is there)."""
+    args = step_inputs()
+    exp = jax.export.export(jax.jit(decode_step), platforms=("cuda",),
+                            disabled_checks=jax_mla.export_disabled_checks())(*args)
+    text = exp.mlir_module()
+    assert exp.platforms == ("cuda",)
+    assert "ui8" in text and "stablehlo.scatter" in text
+    assert len(exp.serialize()) > 0
