@@ -76,6 +76,46 @@ def is_concrete(x: Any) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 
+def _check_kv_cache_shape(kv_cache: Any, where: str) -> tuple[int, int]:
+    """(num_pages, page_size, 576) or (num_pages, page_size, 1, 576); returns (num_pages, page_size)."""
+    kv_shape = _shape(kv_cache)
+    if len(kv_shape) == 4:
+        if kv_shape[2] != 1:
+            raise ValueError(
+                f"{where}: a rank-4 kv_cache must have shape (num_pages, page_size, 1, {HEAD_DIM_QK}) "
+                f"(one latent head), got shape {kv_shape}")
+    elif len(kv_shape) != 3:
+        raise ValueError(
+            f"{where}: kv_cache must have shape (num_pages, page_size, {HEAD_DIM_QK}) or "
+            f"(num_pages, page_size, 1, {HEAD_DIM_QK}), got shape {kv_shape}")
+    if kv_shape[-1] != HEAD_DIM_QK:
+        raise ValueError(
+            f"{where}: kv_cache must have last dimension {HEAD_DIM_QK}, got shape {kv_shape}")
+    num_pages, page_size = kv_shape[0], kv_shape[1]
+    if num_pages < 1:
+        raise ValueError(f"{where}: kv_cache must have at least one page, got shape {kv_shape}")
+    if page_size < 1:
+        raise ValueError(f"{where}: kv_cache must have page_size >= 1 (dimension 1), got shape {kv_shape}")
+    return num_pages, page_size
+
+
+def _check_block_table(block_table: Any, b: int, b_source: str, where: str) -> tuple[int, ...]:
+    """(b, max_pages) int32 with b taken from `b_source`; returns its shape."""
+    bt_shape = _shape(block_table)
+    if len(bt_shape) != 2 or bt_shape[0] != b:
+        raise ValueError(
+            f"{where}: block_table must have shape (b, max_pages) = ({b}, max_pages) with b from "
+            f"{b_source}, got shape {bt_shape}")
+    if bt_shape[1] < 1:
+        raise ValueError(f"{where}: block_table must have at least one column, got shape {bt_shape}")
+    bt_dtype = _dtype(block_table)
+    if bt_dtype != _INT32:
+        raise TypeError(
+            f"{where}: block_table must have dtype int32, got {_dtype_name(bt_dtype)} "
+            f"(convert it explicitly, e.g. with .astype(jnp.int32))")
+    return bt_shape
+
+
 def check_decode_operands(q: Any, kv_cache: Any, block_table: Any, seq_lens: Any,
                           where: str = "mla_decode") -> DecodeDims:
     """Checks ranks, dims and dtypes of the four array operands; returns the problem's dims.
@@ -102,42 +142,14 @@ def check_decode_operands(q: Any, kv_cache: Any, block_table: Any, seq_lens: Any
     if q_dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{where}: q must have dtype bfloat16 or float16, got {_dtype_name(q_dtype)}")
 
-    kv_shape = _shape(kv_cache)
-    if len(kv_shape) == 4:
-        if kv_shape[2] != 1:
-            raise ValueError(
-                f"{where}: a rank-4 kv_cache must have shape (num_pages, page_size, 1, {HEAD_DIM_QK}) "
-                f"(one latent head), got shape {kv_shape}")
-    elif len(kv_shape) != 3:
-        raise ValueError(
-            f"{where}: kv_cache must have shape (num_pages, page_size, {HEAD_DIM_QK}) or "
-            f"(num_pages, page_size, 1, {HEAD_DIM_QK}), got shape {kv_shape}")
-    if kv_shape[-1] != HEAD_DIM_QK:
-        raise ValueError(
-            f"{where}: kv_cache must have last dimension {HEAD_DIM_QK}, got shape {kv_shape}")
-    num_pages, page_size = kv_shape[0], kv_shape[1]
-    if num_pages < 1:
-        raise ValueError(f"{where}: kv_cache must have at least one page, got shape {kv_shape}")
-    if page_size < 1:
-        raise ValueError(f"{where}: kv_cache must have page_size >= 1 (dimension 1), got shape {kv_shape}")
+    num_pages, page_size = _check_kv_cache_shape(kv_cache, where)
     kv_dtype = _dtype(kv_cache)
     if kv_dtype != q_dtype:
         raise TypeError(
             f"{where}: kv_cache must have the same dtype as q ({_dtype_name(q_dtype)}), "
             f"got {_dtype_name(kv_dtype)}")
 
-    bt_shape = _shape(block_table)
-    if len(bt_shape) != 2 or bt_shape[0] != b:
-        raise ValueError(
-            f"{where}: block_table must have shape (b, max_pages) = ({b}, max_pages) with b from q, "
-            f"got shape {bt_shape}")
-    if bt_shape[1] < 1:
-        raise ValueError(f"{where}: block_table must have at least one column, got shape {bt_shape}")
-    bt_dtype = _dtype(block_table)
-    if bt_dtype != _INT32:
-        raise TypeError(
-            f"{where}: block_table must have dtype int32, got {_dtype_name(bt_dtype)} "
-            f"(convert it explicitly, e.g. with .astype(jnp.int32))")
+    bt_shape = _check_block_table(block_table, b, "q", where)
 
     sl_shape = _shape(seq_lens)
     if sl_shape != (b,):
@@ -312,23 +324,7 @@ class CacheUpdateDims(NamedTuple):
 def check_cache_update_operands(kv_cache: Any, new_latent: Any, block_table: Any, positions: Any,
                                 where: str = "update_kv_cache") -> CacheUpdateDims:
     """Ranks, dims and dtypes of update_kv_cache's operands; returns the problem's dims."""
-    kv_shape = _shape(kv_cache)
-    if len(kv_shape) == 4:
-        if kv_shape[2] != 1:
-            raise ValueError(
-                f"{where}: a rank-4 kv_cache must have shape (num_pages, page_size, 1, {HEAD_DIM_QK}) "
-                f"(one latent head), got shape {kv_shape}")
-    elif len(kv_shape) != 3:
-        raise ValueError(
-            f"{where}: kv_cache must have shape (num_pages, page_size, {HEAD_DIM_QK}) or "
-            f"(num_pages, page_size, 1, {HEAD_DIM_QK}), got shape {kv_shape}")
-    if kv_shape[-1] != HEAD_DIM_QK:
-        raise ValueError(
-            f"{where}: kv_cache must have last dimension {HEAD_DIM_QK}, got shape {kv_shape}")
-    num_pages, page_size = kv_shape[0], kv_shape[1]
-    if num_pages < 1 or page_size < 1:
-        raise ValueError(
-            f"{where}: kv_cache must have at least one page of at least one row, got shape {kv_shape}")
+    num_pages, page_size = _check_kv_cache_shape(kv_cache, where)
     kv_dtype = _dtype(kv_cache)
     if kv_dtype not in _FLOAT_DTYPES:
         raise TypeError(
@@ -350,18 +346,7 @@ def check_cache_update_operands(kv_cache: Any, new_latent: Any, block_table: Any
             f"{where}: new_latent must have the same dtype as kv_cache ({_dtype_name(kv_dtype)}), "
             f"got {_dtype_name(nl_dtype)} (convert it explicitly, e.g. with .astype(kv_cache.dtype))")
 
-    bt_shape = _shape(block_table)
-    if len(bt_shape) != 2 or bt_shape[0] != b:
-        raise ValueError(
-            f"{where}: block_table must have shape (b, max_pages) = ({b}, max_pages) with b from "
-            f"new_latent, got shape {bt_shape}")
-    if bt_shape[1] < 1:
-        raise ValueError(f"{where}: block_table must have at least one column, got shape {bt_shape}")
-    bt_dtype = _dtype(block_table)
-    if bt_dtype != _INT32:
-        raise TypeError(
-            f"{where}: block_table must have dtype int32, got {_dtype_name(bt_dtype)} "
-            f"(convert it explicitly, e.g. with .astype(jnp.int32))")
+    bt_shape = _check_block_table(block_table, b, "new_latent", where)
 
     pos_shape = _shape(positions)
     if pos_shape != (b, s_new):
