@@ -2,9 +2,10 @@
 # One full call on the GPU machine (the `device` tool's H200): install jax_mla, run the GPU tests,
 # the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
-#   bash benchmarks/device_run.sh [all|tests|bench|sanitize]...   (default: tests bench; run in that order)
+#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu]...   (default: tests bench; run in that order)
 # Environment: TESTS_TIMEOUT, BENCH_TIMEOUT, BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
-# SANITIZE_TOOLS (default "memcheck racecheck").
+# SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, e.g. -k),
+# NCU_CONFIGS (benchmark configs to profile, default: the two low-latency ones and b128/4K).
 #
 # Install: a wheel carried in .whl-dist/ (built on the CPU machine, see docs/performance.md) when it
 # imports there; otherwise a build on the spot with --no-build-isolation (the GPU machine has no
@@ -15,6 +16,9 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/device-out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# The device tool returns at most 8 files: the logs travel as one archive.
+pack_logs() { (cd "$OUT" && ls *.log >/dev/null 2>&1 && tar czf logs.tgz *.log && rm -f *.log) || true; }
+trap pack_logs EXIT
 # -P everywhere: the checkout's jax_mla/ (no compiled module) must not shadow the installed one.
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests bench)
@@ -51,7 +55,7 @@ timeout 120 python3 tests/gpu_sanitize_cases.py || { echo "smoke test failed or 
 
 run_tests() {
   echo "== GPU tests"
-  timeout "${TESTS_TIMEOUT:-300}" python3 -P -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.log" | tail -40
+  timeout "${TESTS_TIMEOUT:-300}" python3 -P -m pytest -q -m gpu -p no:cacheprovider ${TESTS_ARGS:-} tests 2>&1 | tee "$OUT/tests.log" | tail -40
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 
@@ -72,12 +76,34 @@ run_sanitize() {
   done
 }
 
+# Per-kernel GPU time (scheduler, decode, combine) of one call per config, and the decode kernel's
+# speed-of-light and stall summary for the first config. ncu serialises the kernels (no PDL
+# overlap), so the durations add up to more than a back-to-back call costs.
+run_ncu() {
+  echo "== ncu"
+  local first=1
+  for cfg in ${NCU_CONFIGS:-b128_sq1_h128_4k b1_sq1_h128_32k b16_sq1_h128_1k}; do
+    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum -k 'regex:decode|combine|schedule' \
+      python3 benchmarks/profile_one.py "$cfg" > "$OUT/ncu_$cfg.log" 2>&1
+    echo "-- $cfg (exit $?)"
+    grep -E "^\s+[a-z_:0-9<>, ]*(kernel|Kernel)|gpu__time_duration" "$OUT/ncu_$cfg.log" | sed 's/(int,.*//' | tail -12
+    if [ $first = 1 ]; then
+      timeout 150 ncu --clock-control none -k regex:decode_kernel -s 2 -c 1 --section SpeedOfLight \
+        --section ComputeWorkloadAnalysis --section WarpStateStats --section MemoryWorkloadAnalysis \
+        python3 benchmarks/profile_one.py "$cfg" > "$OUT/ncu_sol_$cfg.log" 2>&1
+      grep -E "Duration|Throughput|Pipe|Issue|Stall|Warp Cycles|L2 Hit|Busy|Eligible" "$OUT/ncu_sol_$cfg.log" | head -30
+      first=0
+    fi
+  done
+}
+
 # Steps run in the order given on the command line.
 for step in "${steps[@]}"; do
   case "$step" in
     tests) run_tests ;;
     bench) run_bench ;;
     sanitize) run_sanitize ;;
+    ncu) run_ncu ;;
     all) run_tests; run_bench; run_sanitize ;;
     *) echo "unknown step $step"; status=1 ;;
   esac

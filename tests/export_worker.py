@@ -5,8 +5,9 @@
 DIR holds inputs.pkl (the list of the call's NumPy arguments) and for each artifact NAME a
 NAME.bin (Exported.serialize()) and NAME.pkl (the list of the exporting process's results).
 The script first checks that calling an artifact before `import jax_mla` fails (its custom-call
-targets are not registered yet), then imports jax_mla, runs every artifact on the CPU and compares
-the results with the exporter's bit for bit. Prints one "NAME: ok" line per artifact.
+targets are not registered yet), then imports jax_mla, runs every artifact on the default device
+(the CPU when JAX_PLATFORMS=cpu, the GPU for an artifact exported for CUDA alone) and compares the
+results with the exporter's bit for bit. Prints one "NAME: ok" line per artifact.
 """
 
 from __future__ import annotations

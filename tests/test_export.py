@@ -1,5 +1,6 @@
 """jax.export of a whole decode step (cache update, schedule, attention): serialized here and run
-in a FRESH process (tests/export_worker.py), for the CPU alone and for ("cpu", "cuda")."""
+in a FRESH process (tests/export_worker.py), for the CPU alone and for ("cpu", "cuda"); on a GPU
+machine also for ("cuda",), run on the GPU."""
 
 from __future__ import annotations
 
@@ -82,3 +83,33 @@ def test_cuda_export_lowers_on_a_cpu_only_machine():
     assert exp.platforms == ("cuda",)
     assert "ui8" in text and "stablehlo.scatter" in text
     assert len(exp.serialize()) > 0
+
+
+@pytest.mark.gpu
+def test_cuda_export_runs_in_a_fresh_process_on_the_gpu(tmp_path):
+    """The same decode step exported for ("cuda",), serialized, and run on the GPU in a fresh
+    process: bit-identical to running the jitted step in this process, and close to the reference."""
+    gpu = jax.devices("gpu")[0]
+    args = [jax.device_put(x, gpu) for x in step_inputs()]
+    fn = jax.jit(decode_step)
+    want = [np.asarray(x) for x in fn(*args)]
+    with jax.default_device(jax.devices("cpu")[0]):
+        host = [np.asarray(x) for x in args]
+        ref_out, _ = jax.jit(jax_mla.reference.mla_decode_reference,
+                             static_argnames="causal")(host[0], want[2], host[2], host[3] + 1, causal=True)
+    np.testing.assert_allclose(np.asarray(want[0], np.float32), np.asarray(ref_out, np.float32),
+                               atol=2e-2, rtol=2e-2)
+
+    exp = jax.export.export(fn, platforms=("cuda",),
+                            disabled_checks=jax_mla.export_disabled_checks())(*args)
+    (tmp_path / "cuda.bin").write_bytes(exp.serialize())
+    with open(tmp_path / "inputs.pkl", "wb") as f:
+        pickle.dump(host, f)
+    with open(tmp_path / "cuda.pkl", "wb") as f:
+        pickle.dump(want, f)
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    proc = subprocess.run([sys.executable, "-P", os.path.join(TESTS, "export_worker.py"),
+                           str(tmp_path)], cwd=str(tmp_path), env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"
+    assert "cuda: ok (platforms ('cuda',))" in proc.stdout, proc.stdout

@@ -159,9 +159,8 @@ struct KVConsumer {
     ptx::mbarrier_wait(&bars->full[s.stage][box], s.phase);
   }
   // One arrival per consumer (an elected thread, after its MMAs reading the stage completed).
-  __device__ __forceinline__ void release(const PipelineState<kNumStages>& s) const {
-    ptx::mbarrier_arrive(&bars->empty[s.stage]);
-  }
+  __device__ __forceinline__ void release(const PipelineState<kNumStages>& s) const { release_stage(s.stage); }
+  __device__ __forceinline__ void release_stage(int stage) const { ptx::mbarrier_arrive(&bars->empty[stage]); }
 };
 
 }  // namespace jax_mla

@@ -77,6 +77,12 @@ __device__ __forceinline__ void named_barrier_sync(int id, int num_threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(num_threads) : "memory");
 }
 
+// Arrives at a named barrier without waiting for it: the producer side of a producer/consumer
+// hand-off between thread groups (the consumers bar.sync on the same id and count).
+__device__ __forceinline__ void named_barrier_arrive(int id, int num_threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(num_threads) : "memory");
+}
+
 // ---- programmatic dependent launch ------------------------------------------------------------
 
 // Waits until the preceding grid (launched before this one on the stream) has completed and its

@@ -1,22 +1,25 @@
-// The SM90 MLA decode kernel: roles, main loop and the pair protocol between the two consumers.
+// The SM90 MLA decode kernel: roles, main loop and the "seesaw" protocol between the two consumers.
 // See config.h for the CTA layout and docs/design.md for the semantics.
 //
 // Grid: (num_parts, num_m_blocks). CTA (p, mb) walks the pieces of work of part p of the split-KV
 // schedule (cuda/common/scheduler.h) for query rows [64 mb, 64 mb + 64) of each request.
 //
-// Per 64-key KV tile (one stage of the ring), consumer c in {0, 1}:
-//   1. waits for the tile's boxes and computes S_c = Q K[32c : 32c + 32]^T, (64, 32), K = 576
-//      (36 wgmma m64n32k16, Q and K from smem);
-//   2. masks keys past the row's visible length and publishes its row max  -> barrier kBarRowMax
-//      (after it both consumers' Q K^T are complete, so the tile's RoPE box is dead);
-//   3. both compute the same running max m, alpha and P_c = exp2(S_c * scale_log2 - m); c writes
-//      P_c into its half of the RoPE box and zeroes its half of the V rows past seq_len (cache slots
-//      that P multiplies by exactly 0 but which may hold NaN)               -> barrier kBarPReady;
-//   4. O_c = alpha O_c + P V[:, 256c : 256c + 256] (4 wgmma m64n256k16, P and V from smem), then
-//      releases the stage. The producer meanwhile fills the other stage with the next tile, and the
-//      consumers issue Q K^T of the next tile right behind this P V (software pipelining).
-// Both consumers run the same instruction stream (operands differ by address only), which keeps
-// ptxas from serialising wgmmas on paths it cannot prove warp-uniform.
+// The CTA's KV tiles form one sequence g = 0, 1, 2, ... over all its pieces (the producer's ring
+// order): tile g lives in stage g % 2 and is owned by consumer w = g % 2. Both consumers keep the
+// same running row max m; consumer w accumulates O_w = O[:, 256 w : 256 w + 256] over every tile.
+//   owner of tile g:     S = Q K_g^T (64, 64), K = 576 (36 wgmma m64n64k16, waits box by box);
+//                        m_g = max(m_{g-1}, rowmax S); P = exp2(S * scale_log2 - m_g);
+//                        P and m_g into smem (P in the tile's RoPE box, dead after S)  -> kBarPReady + stage;
+//                        O_w = alpha_g O_w + P V_g[:, w half]   (4 wgmma m64n256k16, P from registers)
+//   other consumer:      waits kBarPReady + stage, reads m_g, alpha_g = exp2(m_{g-1} - m_g);
+//                        O_w = alpha_g O_w + P V_g[:, w half]   (4 wgmma m64n256k16, P from smem)
+//                        then issues S of its own tile g + 1 right behind it.
+// So each consumer's wgmma stream is S_g, PV_g (own), PV_{g+1} (other's), S_{g+2}, ... and while one
+// consumer runs its softmax the tensor cores work on the other one's wgmmas. A stage goes back to the
+// producer once both consumers' P V of its tile completed; the producer then refills it with tile
+// g + 2 while tile g + 1 is being computed.
+// Both consumers run the same code (roles follow from g), with warp-uniform branches only, which
+// keeps ptxas from serialising wgmmas on paths it cannot prove warp-uniform.
 #pragma once
 
 #include <cmath>
@@ -78,15 +81,13 @@ __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const D
   }
 }
 
-// Issues S_c = Q K[32c : 32c + 32]^T for one tile (all 9 boxes) as one wgmma group, waiting on
-// each box as it lands. The caller waits for the group.
+// Issues S = Q K^T for the tile in stage st (all 9 boxes, all 64 keys) as one wgmma group, waiting
+// on each box as it lands. The caller waits for the group.
 template <typename Element>
 __device__ __forceinline__ void issue_scores(SharedStorage<Element>& s, const KVConsumer<kNumKvStages>& kv,
-                                               const PipelineState<kNumKvStages>& st, int consumer, ScoreFragment& sc) {
+                                             const PipelineState<kNumKvStages>& st, ScoreFragment& sc) {
   const uint32_t q_base = ptx::smem_addr(&s.q[0][0]);
-  // This consumer's 32 keys are rows [32c, 32c + 32) of every box: 4 whole 8-row swizzle groups.
-  const uint32_t k_base = ptx::smem_addr(&s.kv[st.stage][0][0]) + consumer * kKeysPerConsumer * 128;
-  fence_operands(sc);
+  const uint32_t k_base = ptx::smem_addr(&s.kv[st.stage][0][0]);
   wgmma_fence();
 #pragma unroll
   for (int box = 0; box < kKvBoxesQK; ++box) {
@@ -94,82 +95,154 @@ __device__ __forceinline__ void issue_scores(SharedStorage<Element>& s, const KV
 #pragma unroll
     for (int kk = 0; kk < kKvBoxCols / 16; ++kk) {
       const uint32_t off = box * kKvBoxBytes + kk * 32;  // 16 columns = 32 bytes inside the swizzled row
-      wgmma_m64n32k16_ss<Element>(sc, desc_k_major(q_base + off), desc_k_major(k_base + off), box | kk);
+      wgmma_m64n64k16_ss<Element>(sc, desc_k_major(q_base + off), desc_k_major(k_base + off), box | kk);
     }
   }
   wgmma_commit();
 }
 
-// O_c += P V[:, 256c : 256c + 256] for one tile, P (64, 64) and V from smem.
+// First V box of consumer w's 256 columns.
+__device__ __forceinline__ int v_box0(int consumer) { return consumer * (kKvBoxesV / kNumConsumers); }
+
+// O_w += P V[:, 256 w : 256 w + 256] with P (64, 64) in registers (the owner's own tile).
 template <typename Element>
-__device__ __forceinline__ void accumulate_pv(SharedStorage<Element>& s, int stage, int consumer, float (&o)[128]) {
-  const uint32_t v_base = ptx::smem_addr(&s.kv[stage][consumer * (kKvBoxesV / kNumConsumers)][0]);
-  const uint32_t p_base = ptx::smem_addr(&s.kv[stage][kKvRopeBox][0]);
+__device__ __forceinline__ void issue_pv_own(SharedStorage<Element>& s, int stage, int consumer, const PFragment& pf,
+                                             float (&o)[128]) {
+  const uint32_t v_base = ptx::smem_addr(&s.kv[stage][v_box0(consumer)][0]);
+  fence_operands(o);
+  wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
     const uint64_t desc_v = desc_mn_major(v_base + kk * 16 * 128, kKvBoxBytes);  // keys 16kk..16kk+15
-    wgmma_m64n256k16_ss<Element>(o, desc_k_major(p_base + kk * 32), desc_v, 1);
+    const uint32_t a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
+    wgmma_m64n256k16_rs<Element>(o, a, desc_v, 1);
   }
+  wgmma_commit();
 }
 
-// Zeroes V rows [first, last) of a stage: cache slots past seq_len inside the last page, which
-// P multiplies by exactly 0 but which may hold NaN.
+// O_w += P V[:, 256 w : 256 w + 256] with P (64, 64) from the tile's RoPE box (the other's tile).
 template <typename Element>
-__device__ __forceinline__ void zero_dead_v_rows(SharedStorage<Element>& s, int stage, int first, int last, int thread) {
-  const int chunks_per_row = kKvBoxesV * (kKvBoxCols * 2 / 16);  // 64 x 16 bytes
-  const int total = (last - first) * chunks_per_row;
+__device__ __forceinline__ void issue_pv_other(SharedStorage<Element>& s, int stage, int consumer, float (&o)[128]) {
+  const uint32_t v_base = ptx::smem_addr(&s.kv[stage][v_box0(consumer)][0]);
+  const uint32_t p_base = ptx::smem_addr(&s.kv[stage][kKvRopeBox][0]);
+  fence_operands(o);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    const uint64_t desc_v = desc_mn_major(v_base + kk * 16 * 128, kKvBoxBytes);
+    wgmma_m64n256k16_ss<Element>(o, desc_k_major(p_base + kk * 32), desc_v, 1);
+  }
+  wgmma_commit();
+}
+
+// Zeroes rows [first, 64) of consumer w's V boxes of a stage: cache slots past seq_len inside the
+// last page, which P multiplies by exactly 0 but which may hold NaN. Each consumer zeroes only the
+// columns its own P V reads, after the owner's Q K^T (the only other reader) completed.
+template <typename Element>
+__device__ __forceinline__ void zero_dead_v_rows(SharedStorage<Element>& s, int stage, int consumer, int first,
+                                                 int thread) {
+  constexpr int kBoxes = kKvBoxesV / kNumConsumers;  // 4 boxes of 64 columns
+  constexpr int kChunksPerRow = kBoxes * (kKvBoxCols * 2 / 16);  // 32 x 16 bytes
+  const int total = (kBlockN - first) * kChunksPerRow;
   for (int idx = thread; idx < total; idx += 128) {
-    const int row = first + idx / chunks_per_row;
-    const int box = (idx % chunks_per_row) / 8, chunk = idx % 8;
+    const int row = first + idx / kChunksPerRow;
+    const int box = v_box0(consumer) + (idx % kChunksPerRow) / 8, chunk = idx % 8;
     uint8_t* dst = reinterpret_cast<uint8_t*>(&s.kv[stage][box][0]) + row * 128 + chunk * 16;
     *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
   }
 }
 
-// Steps 2-3 for one consumer and one tile whose scores sc are complete: mask, shared row max,
-// P into smem, alpha. Both consumers call it once per tile (the barriers inside are among all 256
-// consumer threads).
-template <typename Element>
-__device__ __forceinline__ void softmax_finish(SharedStorage<Element>& s, const PipelineState<kNumKvStages>& st,
-                                               const RowCoords& rc, int consumer, int tile_first_token, int seq_len,
-                                               const int (&visible)[2], int visible_min, float scale_log2,
-                                               ScoreFragment& sc, float (&m)[2], float (&l)[2], float (&alpha)[2]) {
-  const int thread = threadIdx.x % 128;
-  const int first_token = tile_first_token + consumer * kKeysPerConsumer;  // this consumer's keys
-  if (first_token + kKeysPerConsumer > visible_min) mask_scores(sc, rc, first_token, visible);
-  float half_max[2];
-  tile_row_max(sc, scale_log2, half_max);
-  if ((thread & 3) == 0) {
-    s.row_max[consumer][rc.row[0]] = half_max[0];
-    s.row_max[consumer][rc.row[1]] = half_max[1];
-  }
-  ptx::named_barrier_sync(kBarRowMax, kConsumerThreads);
-
-  float m_ref[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float m_new = fmaxf(m[i], fmaxf(s.row_max[0][rc.row[i]], s.row_max[1][rc.row[i]]));
-    m_ref[i] = finite_or_zero(m_new);
-    alpha[i] = ptx::exp2_approx(m[i] - m_ref[i]);  // m = -inf -> 0 (O and l are 0 then anyway)
-    m[i] = m_new;
-  }
-  float half_sum[2];
-  exponentiate(sc, scale_log2, m_ref, half_sum);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + half_sum[i];
-  store_p_half<Element>(sc, rc, consumer, reinterpret_cast<uint8_t*>(&s.kv[st.stage][kKvRopeBox][0]));
-  if (tile_first_token + kBlockN > seq_len) {
-    const int lo = consumer * kKeysPerConsumer, hi = lo + kKeysPerConsumer;  // this consumer's rows
-    const int first_dead = max(lo, min(hi, seq_len - tile_first_token));
-    zero_dead_v_rows(s, st.stage, first_dead, hi, thread);
-  }
-  ptx::fence_proxy_async_smem();
-  ptx::named_barrier_sync(kBarPReady, kConsumerThreads);
-}
-
 __device__ __forceinline__ void rescale_o(float (&o)[128], const float (&alpha)[2]) {
+  // Lazy: most tiles do not move the max of any row of a warp (alpha == 1 exactly), and the 128
+  // multiplications are the largest CUDA-core cost of a tile. The vote keeps the branch warp-uniform.
+  if (__all_sync(0xffffffff, alpha[0] == 1.f && alpha[1] == 1.f)) return;
 #pragma unroll
   for (int k = 0; k < 128; ++k) o[k] *= alpha[(k >> 1) & 1];
+}
+
+// Per-row state of one consumer over one piece: the running max m (log2 units, the same in both
+// consumers after every tile) and this consumer's partial row sums l (its own tiles' P), which are
+// rescaled with O. l of both consumers add up to the softmax denominator in the epilogue.
+struct RowState {
+  float m[2];
+  float l[2];
+};
+
+// Where a tile sits in its request: which keys, whether it is the piece's last.
+struct TileInfo {
+  int first_token;  // key index of the tile's row 0
+  int seq_len;
+};
+
+// alpha = exp2(m_old - m_new) with a finite reference point for rows that have seen no key yet
+// (m = -inf): O and l are still 0 there, and -inf - -inf must not make a NaN.
+__device__ __forceinline__ float rescale_factor(float m_old, float m_new) {
+  return ptx::exp2_approx(m_old - finite_or_zero(m_new));
+}
+
+// The owner's step for its tile in stage st, whose scores sc are complete: mask, running max, P,
+// publish P and m for the other consumer, then its own P V (left in flight).
+template <typename Element>
+__device__ __forceinline__ void owner_step(SharedStorage<Element>& s, const PipelineState<kNumKvStages>& st,
+                                           const RowCoords& rc, int consumer, const TileInfo& t,
+                                           const int (&visible)[2], int visible_min, float scale_log2,
+                                           ScoreFragment& sc, PFragment& pf, RowState& rs, float (&o)[128]) {
+  const int thread = threadIdx.x % 128;
+  if (t.first_token + kBlockN > visible_min) mask_scores(sc, rc, t.first_token, visible);
+  float tile_max[2];
+  tile_row_max(sc, scale_log2, tile_max);
+  float alpha[2], m_ref[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float m_new = fmaxf(rs.m[i], tile_max[i]);
+    alpha[i] = rescale_factor(rs.m[i], m_new);
+    m_ref[i] = finite_or_zero(m_new);
+    rs.m[i] = m_new;
+  }
+  if ((thread & 3) == 0) {
+    s.row_max[st.stage][rc.row[0]] = rs.m[0];
+    s.row_max[st.stage][rc.row[1]] = rs.m[1];
+  }
+  float tile_sum[2];
+  exponentiate(sc, scale_log2, m_ref, tile_sum);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) rs.l[i] = rs.l[i] * alpha[i] + tile_sum[i];
+  pack_p<Element>(sc, pf);
+  store_p(pf, rc, reinterpret_cast<uint8_t*>(&s.kv[st.stage][kKvRopeBox][0]));
+  const bool last_tile = t.first_token + kBlockN > t.seq_len;
+  if (last_tile) zero_dead_v_rows(s, st.stage, consumer, t.seq_len - t.first_token, thread);
+  ptx::fence_proxy_async_smem();  // P and the zeroed rows, before async-proxy (wgmma) reads
+  ptx::named_barrier_arrive(kBarPReady + st.stage, kConsumerThreads);
+  // Our own P V reads the V rows this consumer's threads just zeroed: all of them must be done.
+  if (last_tile) ptx::named_barrier_sync(kBarConsumer + consumer, 128);
+  rescale_o(o, alpha);
+  issue_pv_own<Element>(s, st.stage, consumer, pf, o);
+}
+
+// The other consumer's step for the tile in stage st: adopt the owner's running max, then its own
+// half of P V from the P in smem (left in flight). Requires this consumer's earlier wgmmas on O to
+// have completed.
+template <typename Element>
+__device__ __forceinline__ void other_step(SharedStorage<Element>& s, const PipelineState<kNumKvStages>& st,
+                                           const RowCoords& rc, int consumer, const TileInfo& t, RowState& rs,
+                                           float (&o)[128]) {
+  const int thread = threadIdx.x % 128;
+  ptx::named_barrier_sync(kBarPReady + st.stage, kConsumerThreads);
+  float alpha[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float m_new = s.row_max[st.stage][rc.row[i]];
+    alpha[i] = rescale_factor(rs.m[i], m_new);
+    rs.m[i] = m_new;
+    rs.l[i] *= alpha[i];
+  }
+  if (t.first_token + kBlockN > t.seq_len) {
+    zero_dead_v_rows(s, st.stage, consumer, t.seq_len - t.first_token, thread);
+    ptx::fence_proxy_async_smem();
+    ptx::named_barrier_sync(kBarConsumer + consumer, 128);
+  }
+  rescale_o(o, alpha);
+  issue_pv_other<Element>(s, st.stage, consumer, o);
 }
 
 template <typename Element>
@@ -181,7 +254,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
   const KVConsumer<kNumKvStages> kv{&s.kv_bars};
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   const bool elected = thread == 0;
-  PipelineState<kNumKvStages> st;
+  PipelineState<kNumKvStages> st;  // stage and phase of the CTA's next tile; st.stage owns it
   int piece_count = 0;
   const int rows_valid = min(kBlockM, p.rows - m_block * kBlockM);
 
@@ -199,65 +272,65 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
     const int visible_min = min(visible[0], visible[1]);
 
     float o[128];
-#pragma unroll
-    for (int k = 0; k < 128; ++k) o[k] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY};
-    float l[2] = {0.f, 0.f};  // this thread's partial row sums (quad-reduced at the end)
+    zero_accumulator(o);
+    RowState rs{{-INFINITY, -INFINITY}, {0.f, 0.f}};
+    ScoreFragment sc;
+    PFragment pf;
 
     ptx::mbarrier_wait(&s.q_full, piece_count & 1);
 
-    // Software pipeline over the piece's tiles: P V of tile t and Q K^T of tile t+1 go to the
-    // tensor cores back to back, so the softmax of t+1 is the only time they idle. The loop body
-    // has no branch around a wgmma (the last tile's P V is peeled off below).
-    ScoreFragment sc;
-    float alpha[2];
-    issue_scores(s, kv, st, consumer, sc);
-    wgmma_wait<0>();
-    fence_operands(sc);
-    softmax_finish(s, st, rc, consumer, w.begin_block * kBlockN, seq_len, visible, visible_min, scale_log2, sc, m,
-                   l, alpha);
+    // Tiles of this piece, in order. The wgmma groups in flight when a step starts: for an owned
+    // tile, [other's P V of the previous tile,] our S of this tile; for the other's tile, our own
+    // P V of the previous tile. The stage of the previous tile is released as soon as our last
+    // wgmma reading it has completed.
+    int pending_release = -1;  // stage whose tile our in-flight P V still reads
+    if (st.stage == consumer) issue_scores(s, kv, st, sc);
 #pragma unroll 1
-    for (int blk = w.begin_block; blk + 1 < w.end_block; ++blk) {
-      const PipelineState<kNumKvStages> st_next = st.next();
-      rescale_o(o, alpha);
-      fence_operands(o);
-      wgmma_fence();
-      accumulate_pv<Element>(s, st.stage, consumer, o);
-      wgmma_commit();
-      issue_scores(s, kv, st_next, consumer, sc);
-      wgmma_wait<1>();  // P V of tile t done: its stage goes back to the producer
-      fence_operands(o);
-      if (elected) kv.release(st);
-      wgmma_wait<0>();
-      fence_operands(sc);
-      softmax_finish(s, st_next, rc, consumer, (blk + 1) * kBlockN, seq_len, visible, visible_min, scale_log2, sc,
-                     m, l, alpha);
-      st = st_next;
+    for (int blk = w.begin_block; blk < w.end_block; ++blk) {
+      const TileInfo t{blk * kBlockN, seq_len};
+      if (st.stage == consumer) {
+        if (pending_release >= 0) {
+          wgmma_wait<1>();  // the other's P V (older group) done; S may still run
+          fence_operands(o);
+          if (elected) kv.release_stage(pending_release);
+        }
+        wgmma_wait<0>();
+        fence_operands(sc);
+        owner_step<Element>(s, st, rc, consumer, t, visible, visible_min, scale_log2, sc, pf, rs, o);
+      } else {
+        // Our own P V of the previous tile must be done before O is rescaled.
+        wgmma_wait<0>();
+        fence_operands(o);
+        fence_operands(pf);  // P's registers stay live until their wgmma completed
+        if (pending_release >= 0 && elected) kv.release_stage(pending_release);
+        other_step<Element>(s, st, rc, consumer, t, rs, o);
+        if (blk + 1 < w.end_block) issue_scores(s, kv, st.next(), sc);
+      }
+      pending_release = st.stage;
+      st.advance();
     }
-    rescale_o(o, alpha);
-    fence_operands(o);
-    wgmma_fence();
-    accumulate_pv<Element>(s, st.stage, consumer, o);
-    wgmma_commit();
     wgmma_wait<0>();
     fence_operands(o);
-    if (elected) kv.release(st);
-    st.advance();
-    // Q is no longer read: let the producer load the next request's Q while we finish.
-    if (elected) ptx::mbarrier_arrive(&s.q_empty);
+    fence_operands(pf);
+    if (elected) {
+      kv.release_stage(pending_release);
+      // Q is no longer read: let the producer load the next request's Q while we finish.
+      ptx::mbarrier_arrive(&s.q_empty);
+    }
 
     // Epilogue: full row sums over both consumers, normalise, store.
+    const int parity = piece_count & 1;
     float total[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const float mine = quad_sum(l[i]);
-      if ((thread & 3) == 0) s.row_sum[consumer][rc.row[i]] = mine;
+      const float mine = quad_sum(rs.l[i]);
+      if ((thread & 3) == 0) s.row_sum[parity][consumer][rc.row[i]] = mine;
     }
     ptx::named_barrier_sync(kBarRowSum, kConsumerThreads);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) total[i] = s.row_sum[0][rc.row[i]] + s.row_sum[1][rc.row[i]];
-    const bool bad = s.bad_request[piece_count & 1] != 0;
-    const RowResult res = finish_rows(m, total, bad);
+    for (int i = 0; i < 2; ++i) total[i] = s.row_sum[parity][0][rc.row[i]] + s.row_sum[parity][1][rc.row[i]];
+    const bool bad = s.bad_request[parity] != 0;
+    const RowResult res = finish_rows(rs.m, total, bad);
 
     const int64_t row0 = static_cast<int64_t>(r) * p.rows + m_block * kBlockM;  // in (b * rows)
     const int col0 = consumer * kColsPerConsumer;

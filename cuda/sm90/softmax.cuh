@@ -1,10 +1,10 @@
-// Online softmax of the SM90 consumers. Each consumer holds the scores of its half of a 64-key
-// tile, (64 rows, 32 keys), in wgmma accumulator layout.
+// Online softmax of the SM90 consumers. The owner of a KV tile (see decode_kernel.cuh) holds its
+// scores, (64 rows, 64 keys), in wgmma accumulator layout.
 //
 // Scores are kept in log2 units (scale * log2(e) folded into one FMA before exp2). Every row of a
-// half tile lives in one quad of lanes (4 threads x 8 values), so row reductions are two shuffles.
-// The two consumers share one running max per row: each publishes its half's row max and both
-// take the max of both, so their P halves and the rescaling of their halves of O agree exactly.
+// tile lives in one quad of lanes (4 threads x 16 values), so row reductions are two shuffles.
+// The owner publishes the new running max of each row with P; the other consumer takes it from
+// shared memory, so both rescale their halves of O by bit-identical factors.
 #pragma once
 
 #include <cmath>
@@ -12,16 +12,25 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "../common/config.h"
 #include "../common/ptx.cuh"
 
 namespace jax_mla::sm90 {
 
-// Keys per consumer in one tile.
-inline constexpr int kKeysPerConsumer = 32;
+// Keys of one score tile (one KV tile).
+inline constexpr int kTileKeys = kBlockN;
 
-// Accumulator fragment of a (64, 32) fp32 half tile: s[4 * j + 2 * i + e] is element
-// (row = RowCoords::row[i], key = 8 j + 2 (lane % 4) + e), j in [0, 4).
-using ScoreFragment = float[kKeysPerConsumer / 2];
+// Accumulator fragment of a (64, 64) fp32 score tile: s[4 * j + 2 * i + e] is element
+// (row = RowCoords::row[i], key = 8 j + 2 (lane % 4) + e), j in [0, 8).
+using ScoreFragment = float[kTileKeys / 2];
+
+// P of a tile as the A operand of wgmma m64n256k16 with A in registers, 16-bit: for the keys
+// [16 kk, 16 kk + 16), p[4 kk + r] packs two adjacent keys of the accumulator layout:
+//   r = 0: (row[0], 16 kk + qc + {0, 1})      r = 1: (row[1], same keys)
+//   r = 2: (row[0], 16 kk + 8 + qc + {0, 1})  r = 3: (row[1], same keys)
+// which is exactly ScoreFragment entries 8 kk + 2 r + {0, 1}: the accumulator layout of Q K^T is
+// the register-A layout of P V, so P never leaves the owner's registers for its own P V.
+using PFragment = uint32_t[kTileKeys / 4];
 
 struct RowCoords {
   int row[2];  // this thread's two rows in the 64-row tile
@@ -48,7 +57,7 @@ __device__ __forceinline__ float quad_sum(float x) {
 __device__ __forceinline__ void mask_scores(ScoreFragment& s, const RowCoords& rc, int first_token,
                                             const int (&visible)[2]) {
 #pragma unroll
-  for (int j = 0; j < kKeysPerConsumer / 8; ++j)
+  for (int j = 0; j < kTileKeys / 8; ++j)
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -64,7 +73,7 @@ __device__ __forceinline__ void tile_row_max(const ScoreFragment& s, float scale
   for (int i = 0; i < 2; ++i) {
     float m = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < kKeysPerConsumer / 8; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
+    for (int j = 0; j < kTileKeys / 8; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
     mx[i] = quad_max(m) * scale_log2;
   }
 }
@@ -80,7 +89,7 @@ __device__ __forceinline__ void exponentiate(ScoreFragment& s, float scale_log2,
   for (int i = 0; i < 2; ++i) {
     float sum = 0.f;
 #pragma unroll
-    for (int j = 0; j < kKeysPerConsumer / 8; ++j)
+    for (int j = 0; j < kTileKeys / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = s[4 * j + 2 * i + e];
@@ -102,20 +111,24 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
-// Writes this consumer's P half, keys [32 c, 32 c + 32) of the tile, into the (64 rows, 64 keys)
-// 16-bit P box: 128-byte swizzle, K-major (row = query row, contiguous along keys), exactly the
-// layout of a TMA box, so P V reads it with the same kind of descriptor as Q. The 16-byte chunk k
-// of row r sits at chunk k ^ (r % 8).
 template <typename Element>
-__device__ __forceinline__ void store_p_half(const ScoreFragment& p, const RowCoords& rc, int consumer, uint8_t* box) {
+__device__ __forceinline__ void pack_p(const ScoreFragment& p, PFragment& a) {
 #pragma unroll
-  for (int j = 0; j < kKeysPerConsumer / 8; ++j) {
-    const int chunk = consumer * (kKeysPerConsumer / 8) + j;
+  for (int k = 0; k < kTileKeys / 4; ++k) a[k] = pack2<Element>(p[2 * k], p[2 * k + 1]);
+}
+
+// Writes P, (64 rows, 64 keys) 16-bit, into a (64, 64) box: 128-byte swizzle, K-major (row = query
+// row, contiguous along keys), exactly the layout of a TMA box, so the other consumer's P V reads
+// it with the same kind of descriptor as Q. The 16-byte chunk j of row r sits at chunk j ^ (r % 8);
+// a warp's 32 stores of one j hit 8 rows x 4 words in 8 different chunks: no bank conflict.
+__device__ __forceinline__ void store_p(const PFragment& a, const RowCoords& rc, uint8_t* box) {
+#pragma unroll
+  for (int j = 0; j < kTileKeys / 8; ++j) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int r = rc.row[i];
-      uint8_t* dst = box + r * 128 + ((chunk ^ (r & 7)) << 4) + rc.quad_col * 2;
-      *reinterpret_cast<uint32_t*>(dst) = pack2<Element>(p[4 * j + 2 * i], p[4 * j + 2 * i + 1]);
+      uint8_t* dst = box + r * 128 + ((j ^ (r & 7)) << 4) + rc.quad_col * 2;
+      *reinterpret_cast<uint32_t*>(dst) = a[2 * j + i];  // keys 8 j + qc + {0, 1} of row[i]
     }
   }
 }
