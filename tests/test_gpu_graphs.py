@@ -3,8 +3,11 @@ replayed while seq_lens, the block table and q change between steps.
 
 XLA reads XLA_FLAGS once per process, so each configuration runs tests/gpu_graphs_worker.py in a
 subprocess: once with command buffers on for custom calls (and graphs of any size), once with them
-off. The worker checks every step against the CPU reference; here the compiled HLO must show the
-command buffer and both runs must agree bit for bit.
+off. The worker checks every step against the CPU reference. Here the decode handler must have run
+while its stream was capturing into a CUDA graph with command buffers on, and never without them
+(the handler counts it: _ext.cuda_call_stats()), and both runs must agree bit for bit. (Recent XLA
+forms command buffers from the thunk sequence, so the HLO text no longer shows them; older XLA
+outlined them into command_buffer* computations, which are checked when present.)
 """
 
 from __future__ import annotations
@@ -53,14 +56,15 @@ def computations(hlo_text):
 def test_decode_step_replays_in_a_cuda_graph(tmp_path):
     graphs = run_worker(tmp_path, "graphs", GRAPHS)
     plain = run_worker(tmp_path, "plain", NO_GRAPHS)
-    # XLA outlines what it records into a CUDA graph into computations named command_buffer*:
-    # both decode calls and the schedule must be in one, and nothing is outlined without the flag.
+    assert graphs["stats"]["decode_captured"] >= 2, graphs["stats"]  # both layers traced
+    assert plain["stats"]["decode_captured"] == 0, plain["stats"]
+    assert plain["stats"]["decode_calls"] >= 2 * len(plain["results"]), plain["stats"]
     buffers = {n: b for n, b in computations(graphs["hlo"]).items()
                if n.startswith("command_buffer")}
-    assert buffers, "no command buffer in the compiled module"
-    captured = "\n".join(buffers.values())
-    assert captured.count('custom_call_target="jax_mla_decode"') == 2, captured
-    assert 'custom_call_target="jax_mla_decode_schedule"' in captured, captured
+    if buffers:  # XLA versions that outline command buffers in HLO
+        captured = "\n".join(buffers.values())
+        assert captured.count('custom_call_target="jax_mla_decode"') == 2, captured
+        assert 'custom_call_target="jax_mla_decode_schedule"' in captured, captured
     assert not any(n.startswith("command_buffer") for n in computations(plain["hlo"]))
     assert len(graphs["results"]) == len(plain["results"]) >= 4
     for k, (g, p) in enumerate(zip(graphs["results"], plain["results"])):

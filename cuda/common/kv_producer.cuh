@@ -14,6 +14,13 @@
 //   consumer: wait_box(state, box) before reading a box; release(state) once its MMAs that read
 //             the stage have completed; then advance its own copy of the state.
 // Every box has its own full barrier so that QK^T can start on box 0 while later boxes are in flight.
+//
+// Clusters: the CTAs of a cluster that walk the same tile sequence (e.g. the row blocks of one
+// split-KV part) share every tile: CTA rank k loads the boxes b with b % cluster_size == k by TMA
+// multicast into all of them, so each tile crosses L2 -> SM once per cluster instead of once per CTA.
+// Each CTA still expects all 9 boxes on its own full barriers, and a stage is empty only when the
+// consumers of every CTA released it (empty barriers count num_consumers * cluster_size arrivals;
+// release() arrives in every CTA of the cluster). cluster_size 1 is the plain single-CTA ring.
 #pragma once
 
 #include <cstdint>
@@ -57,11 +64,11 @@ struct KVPipelineBarriers {
   uint64_t full[kNumStages][kKvBoxesQK];  // producer -> consumers, one per box, completed by TMA bytes
   uint64_t empty[kNumStages];             // consumers -> producer, kNumConsumers arrivals
 
-  // Called by one thread before any use; the caller fences and syncs afterwards.
-  __device__ __forceinline__ void init(int num_consumers) {
+  // Called by one thread before any use; the caller fences and syncs (the whole cluster) afterwards.
+  __device__ __forceinline__ void init(int num_consumers, int cluster_size = 1) {
     for (int s = 0; s < kNumStages; ++s) {
       for (int b = 0; b < kKvBoxesQK; ++b) ptx::mbarrier_init(&full[s][b], 1);
-      ptx::mbarrier_init(&empty[s], num_consumers);
+      ptx::mbarrier_init(&empty[s], num_consumers * cluster_size);
     }
   }
 };
@@ -83,6 +90,8 @@ struct DecodeKVProducer {
   KVPipelineBarriers<kNumStages>* bars;
   Element* smem;  // (stage, box, BLK_N, 64)
   PipelineState<kNumStages> state;
+  int cta_rank = 0;      // this CTA's rank in the cluster sharing the tiles
+  int cluster_size = 1;  // CTAs sharing every tile (1, 2, ...)
 
   __device__ __forceinline__ Element* stage_ptr(int stage) const {
     return smem + static_cast<size_t>(stage) * kKvBoxesQK * kKvBoxElems;
@@ -138,12 +147,23 @@ struct DecodeKVProducer {
 #pragma unroll 1
     for (int box = 0; box < kKvBoxesQK; ++box) {
       uint64_t* bar = &bars->full[state.stage][box];
-      ptx::mbarrier_arrive_expect_tx(bar, kKvBoxBytes);
+      ptx::mbarrier_arrive_expect_tx(bar, kKvBoxBytes);  // all boxes land here, whoever loads them
+      if (cluster_size == 1) {
 #pragma unroll
-      for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
-        if (k < t.copies) {
-          ptx::tma_load_2d(dst + box * kKvBoxElems + k * t.box_rows * kKvBoxCols, kv.map, bar, box * kKvBoxCols,
-                           t.rows[k]);
+        for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
+          if (k < t.copies) {
+            ptx::tma_load_2d(dst + box * kKvBoxElems + k * t.box_rows * kKvBoxCols, kv.map, bar, box * kKvBoxCols,
+                             t.rows[k]);
+          }
+        }
+      } else if (box % cluster_size == cta_rank) {
+        const uint16_t all = static_cast<uint16_t>((1u << cluster_size) - 1);
+#pragma unroll
+        for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
+          if (k < t.copies) {
+            ptx::tma_load_2d_multicast(dst + box * kKvBoxElems + k * t.box_rows * kKvBoxCols, kv.map, bar,
+                                       box * kKvBoxCols, t.rows[k], all);
+          }
         }
       }
     }
@@ -154,13 +174,20 @@ struct DecodeKVProducer {
 template <int kNumStages>
 struct KVConsumer {
   KVPipelineBarriers<kNumStages>* bars;
+  int cluster_size = 1;  // as the producer's: releases go to every CTA sharing the tiles
 
   __device__ __forceinline__ void wait_box(const PipelineState<kNumStages>& s, int box) const {
     ptx::mbarrier_wait(&bars->full[s.stage][box], s.phase);
   }
   // One arrival per consumer (an elected thread, after its MMAs reading the stage completed).
   __device__ __forceinline__ void release(const PipelineState<kNumStages>& s) const { release_stage(s.stage); }
-  __device__ __forceinline__ void release_stage(int stage) const { ptx::mbarrier_arrive(&bars->empty[stage]); }
+  __device__ __forceinline__ void release_stage(int stage) const {
+    if (cluster_size == 1) {
+      ptx::mbarrier_arrive(&bars->empty[stage]);
+    } else {
+      for (int r = 0; r < cluster_size; ++r) ptx::mbarrier_arrive_cluster(&bars->empty[stage], r);
+    }
+  }
 };
 
 }  // namespace jax_mla

@@ -2,12 +2,14 @@
 //
 // Graph (XLA command buffer) compatibility: the execute stage allocates nothing (the split-KV
 // scratch and the in-op schedule live in the `workspace` result XLA allocates), never synchronises
-// or queries the stream, and reads device properties cached by the initialize stage.
+// the stream (it only asks whether the stream is capturing, which capture permits, to count it),
+// and reads device properties cached by the initialize stage.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <mutex>
 
@@ -17,6 +19,7 @@
 #include "common/tensor_map.h"
 #include "common/workspace.h"
 #include "decode_args.h"
+#include "device_query.h"
 #include "handlers.h"
 #include "sm90/launch.h"
 
@@ -36,6 +39,9 @@ struct DeviceInfo {
 constexpr int kMaxDevices = 64;
 std::array<DeviceInfo, kMaxDevices> g_devices;
 std::mutex g_devices_mutex;
+
+std::atomic<long long> g_decode_calls{0};
+std::atomic<long long> g_decode_captured{0};
 
 ffi::Error cuda_error(const char* what, cudaError_t err) {
   return ffi::Error(ffi::ErrorCode::kInternal,
@@ -100,6 +106,11 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
                                             causal, num_parts, &p);
       e.failure()) {
     return e;
+  }
+  g_decode_calls.fetch_add(1, std::memory_order_relaxed);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture == cudaStreamCaptureStatusActive) {
+    g_decode_captured.fetch_add(1, std::memory_order_relaxed);
   }
   if (p.batch == 0) return ffi::Error::Success();  // nothing to launch (a grid of 0 CTAs is an error)
   const bool schedule_in_op = p.schedule == nullptr;
@@ -172,6 +183,11 @@ ffi::Error ScheduleExecuteImpl(cudaStream_t stream, ffi::AnyBuffer seq_lens, ffi
 }
 
 }  // namespace
+
+CudaCallStats cuda_call_stats() {
+  return {g_decode_calls.load(std::memory_order_relaxed), g_decode_captured.load(std::memory_order_relaxed)};
+}
+
 }  // namespace jax_mla
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MlaDecodeCudaInitialize, jax_mla::InitializeImpl, ffi::Ffi::BindInitialize());

@@ -7,4 +7,13 @@ namespace jax_mla {
 // Multiprocessor count of CUDA device 0; 0 when there is no device, no driver, or any error.
 int cuda_sm_count();
 
+// How often the CUDA decode handler's execute stage ran, and how many of those runs found their
+// stream capturing into a CUDA graph (XLA command buffers trace the custom call; replays of the
+// graph do not run the handler). For tests and diagnostics; defined in cuda_handler.cu.
+struct CudaCallStats {
+  long long decode_calls;
+  long long decode_captured;
+};
+CudaCallStats cuda_call_stats();
+
 }  // namespace jax_mla

@@ -64,6 +64,19 @@ int cuda_sm_count() {
 #endif
 }
 
+nb::dict cuda_call_stats() {
+  nb::dict d;
+#ifdef JAX_MLA_WITH_CUDA
+  const jax_mla::CudaCallStats st = jax_mla::cuda_call_stats();
+  d["decode_calls"] = st.decode_calls;
+  d["decode_captured"] = st.decode_captured;
+#else
+  d["decode_calls"] = 0;
+  d["decode_captured"] = 0;
+#endif
+  return d;
+}
+
 void check_sizes(int64_t batch, int64_t num_parts) {
   if (batch < 0) throw nb::value_error("batch must be >= 0");
   if (num_parts < 1) throw nb::value_error("num_parts must be >= 1");
@@ -94,6 +107,9 @@ NB_MODULE(_ext, m) {
         "{platform: {target: capsule or {stage: capsule}}} for jax.ffi.register_ffi_target.");
   m.def("has_cuda", &has_cuda, "True when the module was built with the CUDA kernels.");
   m.def("cuda_sm_count", &cuda_sm_count, "SM count of CUDA device 0; 0 without a device, a driver or CUDA support.");
+  m.def("cuda_call_stats", &cuda_call_stats,
+        "{'decode_calls', 'decode_captured'}: runs of the CUDA decode handler in this process, and how many "
+        "of them traced into a CUDA graph (XLA command buffers); graph replays do not run the handler.");
   m.def(
       "schedule_size",
       [](int64_t batch, int64_t num_parts) {

@@ -42,8 +42,9 @@ namespace jax_mla::sm90 {
 template <typename Element>
 __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const DecodeParams& p,
                                               const CUtensorMap* q_map, const CUtensorMap* kv_map,
-                                              const int32_t* part_info, const int32_t* split_offsets, int m_block) {
-  DecodeKVProducer<Element, kNumKvStages> producer{&s.kv_bars, &s.kv[0][0][0], {}};
+                                              const int32_t* part_info, const int32_t* split_offsets, int m_block,
+                                              int cta_rank, int cluster_size) {
+  DecodeKVProducer<Element, kNumKvStages> producer{&s.kv_bars, &s.kv[0][0][0], {}, cta_rank, cluster_size};
   const int log2_page = 31 - __clz(p.page_size);
   int piece_count = 0;
   for (int r = part_info[kPartBeginReq]; r <= part_info[kPartEndReq]; ++r) {
@@ -248,10 +249,10 @@ __device__ __forceinline__ void other_step(SharedStorage<Element>& s, const Pipe
 template <typename Element>
 __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const DecodeParams& p,
                                               const int32_t* part_info, const int32_t* split_offsets, int m_block,
-                                              int consumer) {
+                                              int consumer, int cluster_size) {
   const int thread = threadIdx.x % 128;
   const RowCoords rc(thread);
-  const KVConsumer<kNumKvStages> kv{&s.kv_bars};
+  const KVConsumer<kNumKvStages> kv{&s.kv_bars, cluster_size};
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   const bool elected = thread == 0;
   PipelineState<kNumKvStages> st;  // stage and phase of the CTA's next tile; st.stage owns it
@@ -362,15 +363,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   auto& s = *reinterpret_cast<SharedStorage<Element>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                                        ~uintptr_t(1023));
+  // The CTAs of a cluster are row blocks of the same part: they walk the same tiles and share
+  // every tile's loads (kv_producer.cuh). Launched without a cluster, this is a cluster of one.
+  const int cluster_size = static_cast<int>(ptx::cluster_nctarank());
+  const int cta_rank = static_cast<int>(ptx::cluster_ctarank());
   if (threadIdx.x == 0) {
     ptx::prefetch_tensor_map(&q_map);
     ptx::prefetch_tensor_map(&kv_map);
-    s.kv_bars.init(kNumConsumers);
+    s.kv_bars.init(kNumConsumers, cluster_size);
     ptx::mbarrier_init(&s.q_full, 1);
     ptx::mbarrier_init(&s.q_empty, kNumConsumers);
     ptx::fence_barrier_init();
   }
-  __syncthreads();
+  // Barriers initialised in every CTA before any peer multicasts into them or arrives on them.
+  if (cluster_size > 1) {
+    ptx::cluster_sync();
+  } else {
+    __syncthreads();
+  }
   // Everything below reads memory written by earlier kernels (the schedule, q, the cache).
   ptx::grid_dependency_wait();
   ptx::grid_launch_dependents();
@@ -382,11 +392,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) producer_main(s, p, &q_map, &kv_map, part_info, split_offsets, blockIdx.y);
+    if (threadIdx.x == 0) {
+      producer_main(s, p, &q_map, &kv_map, part_info, split_offsets, blockIdx.y, cta_rank, cluster_size);
+    }
+    __syncwarp();
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    consumer_main(s, p, part_info, split_offsets, blockIdx.y, warpgroup - 1);
+    consumer_main(s, p, part_info, split_offsets, blockIdx.y, warpgroup - 1, cluster_size);
   }
+  // No CTA may exit while a peer can still multicast into its shared memory or arrive on its
+  // barriers: every peer has released its last stage before it gets here.
+  if (cluster_size > 1) ptx::cluster_sync();
 #endif
 }
 

@@ -16,9 +16,20 @@ cudaError_t setup_decode() {
 template <typename Element>
 cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
                           cudaStream_t stream) {
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = pdl_launch_config(dim3(p.num_parts, (p.rows + kBlockM - 1) / kBlockM),
-                                                   dim3(kThreads), kSmemBytes<Element>, stream, &attr);
+  const int m_blocks = (p.rows + kBlockM - 1) / kBlockM;
+  cudaLaunchAttribute attrs[2];
+  cudaLaunchConfig_t cfg =
+      pdl_launch_config(dim3(p.num_parts, m_blocks), dim3(kThreads), kSmemBytes<Element>, stream, &attrs[0]);
+  // Row blocks of one part read the same KV tiles: pairs of them form a cluster and share each
+  // tile's loads by TMA multicast, halving the L2 -> SM traffic (h_q = 128 was L2-throughput bound).
+  if (m_blocks % kClusterRowBlocks == 0) {
+    attrs[1].id = cudaLaunchAttributeClusterDimension;
+    attrs[1].val.clusterDim.x = 1;
+    attrs[1].val.clusterDim.y = kClusterRowBlocks;
+    attrs[1].val.clusterDim.z = 1;
+    cfg.attrs = attrs;
+    cfg.numAttrs = 2;
+  }
   return cudaLaunchKernelEx(&cfg, decode_kernel<Element>, p, q_map, kv_map);
 }
 
