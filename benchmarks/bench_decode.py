@@ -176,6 +176,8 @@ def main() -> int:
         print(f"{r['name']:<26} {r['impl']:<9} {r['us']:8.1f} {r['gbps']:7.0f} {r['tflops']:8.1f} "
               f"{r['pct_bw']:6.1f} {r['pct_mm']:5.1f} {r['vs_best']:7.2f} {r['rel_err']:8.1e}")
     print("x best = our back-to-back time / FlashMLA's back-to-back graph-replay time (facts file); < 1 is faster.")
+    if backend == "gpu":
+        print(f"# CUDA handler: {jax_mla._ext.cuda_call_stats()}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(copy_gbps=copy_gbps, matmul_tflops=mm_tflops, rows=rows), f, indent=1)

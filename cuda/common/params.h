@@ -25,6 +25,10 @@ struct DecodeParams {
   float softmax_scale;  // multiplies q . k
   bool causal;          // query token t sees positions < seq_len - s_q + t + 1
 
+  // Launch policy (set by the CUDA handler): row blocks of one part that share each KV tile in a
+  // thread-block cluster (1 = no cluster). Used by kernels that support it (SM90).
+  int cluster_row_blocks = 1;
+
   // Inputs (device or host pointers, per platform).
   const void* q;                // (b, s_q, h_q, 576)       row-major
   const void* kv_cache;         // (num_pages, page_size, 576) row-major

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <cmath>
 #include <mutex>
 
@@ -34,6 +35,8 @@ struct DeviceInfo {
   bool ready = false;
   int sm_count = 0;
   int cc_major = 0, cc_minor = 0;
+  int sm90_cluster_row_blocks = 1;  // launch policy of the SM90 kernel (DecodeParams::cluster_row_blocks)
+  int sm90_max_active_clusters = 0;
 };
 
 constexpr int kMaxDevices = 64;
@@ -42,6 +45,9 @@ std::mutex g_devices_mutex;
 
 std::atomic<long long> g_decode_calls{0};
 std::atomic<long long> g_decode_captured{0};
+
+// Whether the SM90 kernel uses row-block clusters by default (see InitializeImpl).
+constexpr bool kSm90ClusterDefault = false;
 
 ffi::Error cuda_error(const char* what, cudaError_t err) {
   return ffi::Error(ffi::ErrorCode::kInternal,
@@ -69,6 +75,14 @@ ffi::Error InitializeImpl() {
   if (info.cc_major == 9 && info.cc_minor == 0) {
     if (cudaError_t e = sm90::setup_decode<__nv_bfloat16>(); e != cudaSuccess) return cuda_error("sm90 setup", e);
     if (cudaError_t e = sm90::setup_decode<__half>(); e != cudaSuccess) return cuda_error("sm90 setup", e);
+    // Clusters of row blocks share KV tiles (kv_producer.cuh). Only where a whole grid of them is
+    // resident at once: a second wave would double the time. JAX_MLA_SM90_CLUSTER=0 turns them
+    // off, =1 forces them (for measurements).
+    info.sm90_max_active_clusters = sm90::max_active_clusters<__nv_bfloat16>(sm90::kClusterRowBlocks);
+    const char* env = std::getenv("JAX_MLA_SM90_CLUSTER");
+    const bool fits = info.sm90_max_active_clusters * sm90::kClusterRowBlocks >= info.sm_count;
+    const bool on = env && *env ? std::atoi(env) != 0 : (kSm90ClusterDefault && fits);
+    info.sm90_cluster_row_blocks = on ? sm90::kClusterRowBlocks : 1;
   }
   info.ready = true;
   return ffi::Error::Success();
@@ -130,6 +144,7 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
                           std::to_string(info.cc_minor) + " in this build (the SM90 kernel needs 9.0)");
   }
 
+  p.cluster_row_blocks = info.sm90_cluster_row_blocks;
   uint8_t* ws = static_cast<uint8_t*>(workspace->untyped_data());
   const WorkspaceLayout layout = workspace_layout(p.batch, p.rows, p.num_parts);
   p.partial_lse = reinterpret_cast<float*>(ws + layout.partial_lse_offset);
@@ -185,7 +200,14 @@ ffi::Error ScheduleExecuteImpl(cudaStream_t stream, ffi::AnyBuffer seq_lens, ffi
 }  // namespace
 
 CudaCallStats cuda_call_stats() {
-  return {g_decode_calls.load(std::memory_order_relaxed), g_decode_captured.load(std::memory_order_relaxed)};
+  CudaCallStats st{g_decode_calls.load(std::memory_order_relaxed), g_decode_captured.load(std::memory_order_relaxed),
+                   0, 0};
+  std::lock_guard<std::mutex> lock(g_devices_mutex);
+  if (g_devices[0].ready) {
+    st.sm90_cluster_row_blocks = g_devices[0].sm90_cluster_row_blocks;
+    st.sm90_max_active_clusters = g_devices[0].sm90_max_active_clusters;
+  }
+  return st;
 }
 
 }  // namespace jax_mla

@@ -70,6 +70,8 @@ nb::dict cuda_call_stats() {
   const jax_mla::CudaCallStats st = jax_mla::cuda_call_stats();
   d["decode_calls"] = st.decode_calls;
   d["decode_captured"] = st.decode_captured;
+  d["sm90_cluster_row_blocks"] = st.sm90_cluster_row_blocks;
+  d["sm90_max_active_clusters"] = st.sm90_max_active_clusters;
 #else
   d["decode_calls"] = 0;
   d["decode_captured"] = 0;

@@ -26,9 +26,6 @@ inline constexpr int kNumConsumers = 2;       // consumer warpgroups
 inline constexpr int kThreads = 128 * (1 + kNumConsumers);
 inline constexpr int kConsumerThreads = 128 * kNumConsumers;
 inline constexpr int kColsPerConsumer = kHeadDimV / kNumConsumers;  // 256 columns of O each
-// Row blocks of one split-KV part launched as one cluster sharing every KV tile (TMA multicast),
-// when the number of row blocks is a multiple of it. Pairs fit every GPC (an even number of SMs).
-inline constexpr int kClusterRowBlocks = 2;
 inline constexpr int kProducerRegs = 40;
 inline constexpr int kConsumerRegs = 232;
 static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register file");

@@ -14,18 +14,39 @@ cudaError_t setup_decode() {
 }
 
 template <typename Element>
+int max_active_clusters(int cluster_row_blocks) {
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 1;
+  attr.val.clusterDim.y = cluster_row_blocks;
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(1, cluster_row_blocks);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmemBytes<Element>;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, decode_kernel<Element>, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+template <typename Element>
 cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
                           cudaStream_t stream) {
   const int m_blocks = (p.rows + kBlockM - 1) / kBlockM;
   cudaLaunchAttribute attrs[2];
   cudaLaunchConfig_t cfg =
       pdl_launch_config(dim3(p.num_parts, m_blocks), dim3(kThreads), kSmemBytes<Element>, stream, &attrs[0]);
-  // Row blocks of one part read the same KV tiles: pairs of them form a cluster and share each
-  // tile's loads by TMA multicast, halving the L2 -> SM traffic (h_q = 128 was L2-throughput bound).
-  if (m_blocks % kClusterRowBlocks == 0) {
+  // Row blocks of one part read the same KV tiles: as a cluster they share each tile's loads by TMA
+  // multicast, halving the L2 -> SM traffic for pairs.
+  if (p.cluster_row_blocks > 1 && m_blocks % p.cluster_row_blocks == 0) {
     attrs[1].id = cudaLaunchAttributeClusterDimension;
     attrs[1].val.clusterDim.x = 1;
-    attrs[1].val.clusterDim.y = kClusterRowBlocks;
+    attrs[1].val.clusterDim.y = p.cluster_row_blocks;
     attrs[1].val.clusterDim.z = 1;
     cfg.attrs = attrs;
     cfg.numAttrs = 2;

@@ -8,12 +8,23 @@
 
 namespace jax_mla::sm90 {
 
+// Row blocks of one split-KV part that may be launched as one cluster sharing every KV tile (TMA
+// multicast), when the number of row blocks is a multiple of it (the handler decides: see
+// cuda_handler.cu, JAX_MLA_SM90_CLUSTER).
+inline constexpr int kClusterRowBlocks = 2;
+
 // One-time per-device setup (opt-in shared memory); call from the FFI initialize stage.
 template <typename Element>
 cudaError_t setup_decode();
 
+// How many clusters of `cluster_row_blocks` decode CTAs can be resident at once on this device
+// (0 when the launch would fail); lets the handler use clusters only when a grid of them fits.
+template <typename Element>
+int max_active_clusters(int cluster_row_blocks);
+
 // Launches the decode kernel over grid (p.num_parts, ceil(p.rows / 64)) with programmatic
-// dependent launch. q_map: (b * rows, 576) box (64, 64); kv_map: (num_pages * page_size, 576)
+// dependent launch, as clusters of p.cluster_row_blocks row blocks when that divides the row-block
+// count. q_map: (b * rows, 576) box (64, 64); kv_map: (num_pages * page_size, 576)
 // box (min(page_size, 64), 64).
 template <typename Element>
 cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
