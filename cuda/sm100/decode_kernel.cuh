@@ -1,0 +1,124 @@
+// The SM100 MLA decode kernel: setup, role dispatch, teardown. See config.h for the CTA layout and
+// the TMEM / shared-memory plans, and each role's file for its part of the protocol:
+//   producer.cuh    warp 0      Q and the KV ring by TMA (shared DecodeKVProducer)
+//   mma.cuh         warp 1      tcgen05.mma for S = Q K^T and O += P V, tcgen05.commit
+//   softmax.cuh     warps 4-7   S from TMEM, online softmax, P into shared memory
+//   correction.cuh  warps 8-11  O rescaled in TMEM, epilogue (epilogue.cuh)
+//
+// Grid: (num_parts, num_m_blocks), like SM90. CTA (p, mb) walks the pieces of work of part p of the
+// split-KV schedule (cuda/common/scheduler.h, piece_of) for query rows [64 mb, 64 mb + 64) of each
+// request; every role walks the same pieces independently and counts tiles the same way, so the
+// slots and phases of every barrier agree without further communication.
+//
+// Barriers (shared memory; arrival counts in config.h's SharedStorage): each is used as a ring of
+// one or two slots whose waiter, for use k, always passes its wait before use k + 1 can complete
+// (checked role by role in docs/design.md), so parity waits are unambiguous.
+//   kv full[stage][box]   TMA bytes          -> MMA (S), softmax (before it writes into the stage)
+//   kv empty[stage]       commit after P V   -> producer
+//   q_full / q_empty      TMA / commit after the piece's last S
+//   s_full[2] / s_empty[2]  commit after S   -> softmax / 128 softmax arrivals -> MMA
+//   p_full[2]             128 softmax arrivals (after fence.proxy.async) -> MMA (P V)
+//   o_ready               128 correction arrivals (O rescaled, or free for a new piece) -> MMA (P V)
+//   o_full                commit after P V   -> correction (rescale of the next tile, epilogue)
+//   alpha_full[2]         64 softmax arrivals (one per row) -> correction
+//   stats_full[2]         128 softmax arrivals at a piece's end -> epilogue
+#pragma once
+
+#include <cstdint>
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "../common/config.h"
+#include "../common/kv_producer.cuh"
+#include "../common/params.h"
+#include "../common/ptx.cuh"
+#include "../common/scheduler.h"
+#include "config.h"
+#include "correction.cuh"
+#include "mma.cuh"
+#include "producer.cuh"
+#include "softmax.cuh"
+#include "tcgen05.cuh"
+
+// Real code only for the architectures with tcgen05 and TMEM (sm_100a: B200/GB200, sm_103a:
+// B300/GB300, and their family-specific sm_100f / sm_103f forms); the build compiles every .cu for
+// every architecture it targets, so elsewhere the kernel is an empty stub that is never launched.
+#if defined(__CUDA_ARCH__) &&                                                          \
+    (defined(__CUDA_ARCH_FEAT_SM100_ALL) || defined(__CUDA_ARCH_FEAT_SM103_ALL) ||    \
+     (defined(__CUDA_ARCH_FAMILY_SPECIFIC__) &&                                        \
+      (__CUDA_ARCH_FAMILY_SPECIFIC__ == 1000 || __CUDA_ARCH_FAMILY_SPECIFIC__ == 1030)))
+#define JAX_MLA_SM100_DEVICE 1
+#else
+#define JAX_MLA_SM100_DEVICE 0
+#endif
+
+namespace jax_mla::sm100 {
+
+template <typename Element>
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap q_map,
+                  const __grid_constant__ CUtensorMap kv_map) {
+#if JAX_MLA_SM100_DEVICE
+  extern __shared__ uint8_t smem_raw[];
+  auto& s = *reinterpret_cast<SharedStorage<Element>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                                       ~uintptr_t(1023));
+  // Warp-uniform by construction (a shuffle from lane 0).
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
+  const int lane = threadIdx.x % 32;
+
+  if (threadIdx.x == 0) {
+    ptx::prefetch_tensor_map(&q_map);
+    ptx::prefetch_tensor_map(&kv_map);
+    s.kv_bars.init(kKvConsumers);
+    ptx::mbarrier_init(&s.q_full, 1);
+    ptx::mbarrier_init(&s.q_empty, 1);
+    for (int i = 0; i < kNumSSlots; ++i) {
+      ptx::mbarrier_init(&s.s_full[i], 1);
+      ptx::mbarrier_init(&s.s_empty[i], kWarpgroupThreads);
+      ptx::mbarrier_init(&s.p_full[i], kWarpgroupThreads);
+    }
+    ptx::mbarrier_init(&s.o_ready, kWarpgroupThreads);
+    ptx::mbarrier_init(&s.o_full, 1);
+    for (int i = 0; i < 2; ++i) {
+      ptx::mbarrier_init(&s.alpha_full[i], kBM);
+      ptx::mbarrier_init(&s.stats_full[i], kWarpgroupThreads);
+    }
+    ptx::fence_barrier_init();
+  }
+  if (warp == kMmaWarp) {  // the whole warp: .sync.aligned
+    tc::alloc<kTmemAllocCols>(&s.tmem_base);
+    tc::relinquish_alloc_permit();
+  }
+  tc::fence_before_thread_sync();
+  __syncthreads();
+  tc::fence_after_thread_sync();
+  const uint32_t tmem = s.tmem_base;
+
+  // Everything below reads memory written by earlier kernels (the schedule, q, the cache).
+  ptx::grid_dependency_wait();
+  ptx::grid_launch_dependents();
+
+  const int32_t* part_info = p.schedule + static_cast<int64_t>(blockIdx.x) * kPartFields;
+  const int32_t* split_offsets = p.schedule + static_cast<int64_t>(p.num_parts) * kPartFields;
+  if (warp == kProducerWarp) {
+    if (lane == 0) producer_main(s, p, &q_map, &kv_map, part_info, split_offsets, blockIdx.y);
+  } else if (warp == kMmaWarp) {
+    if (lane == 0) mma_main(s, p, part_info, split_offsets, tmem);
+  } else if (warp >= kSoftmaxWarp0 && warp < kSoftmaxWarp0 + 4) {
+    softmax_main(s, p, part_info, split_offsets, blockIdx.y, tmem);
+  } else if (warp >= kCorrectionWarp0) {
+    correction_main(s, p, part_info, split_offsets, blockIdx.y, tmem);
+  }
+
+  // Teardown: the epilogue waited for the last P V, which completes after every other MMA of this CTA
+  // (tcgen05.commit tracks all earlier MMAs of the issuing thread), and its TMEM loads are done.
+  tc::fence_before_thread_sync();
+  __syncthreads();
+  if (warp == kMmaWarp) {
+    tc::fence_after_thread_sync();
+    tc::dealloc<kTmemAllocCols>(tmem);
+  }
+#endif
+}
+
+}  // namespace jax_mla::sm100

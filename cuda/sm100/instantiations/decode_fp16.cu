@@ -1,0 +1,9 @@
+// SM100 decode kernel, fp16.
+#include <cuda_fp16.h>
+
+#include "../launch.cuh"
+
+namespace jax_mla::sm100 {
+template cudaError_t setup_decode<__half>();
+template cudaError_t launch_decode<__half>(const DecodeParams&, const CUtensorMap&, const CUtensorMap&, cudaStream_t);
+}  // namespace jax_mla::sm100

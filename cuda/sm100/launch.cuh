@@ -1,0 +1,25 @@
+// Definitions behind launch.h, included once per element type by instantiations/*.cu.
+#pragma once
+
+#include "../common/launch.h"
+#include "decode_kernel.cuh"
+#include "launch.h"
+
+namespace jax_mla::sm100 {
+
+template <typename Element>
+cudaError_t setup_decode() {
+  return cudaFuncSetAttribute(decode_kernel<Element>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              kSmemBytes<Element>);
+}
+
+template <typename Element>
+cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
+                          cudaStream_t stream) {
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = pdl_launch_config(dim3(p.num_parts, (p.rows + kBM - 1) / kBM), dim3(kThreads),
+                                                   kSmemBytes<Element>, stream, &attr);
+  return cudaLaunchKernelEx(&cfg, decode_kernel<Element>, p, q_map, kv_map);
+}
+
+}  // namespace jax_mla::sm100

@@ -1,0 +1,25 @@
+// Host entry points of the SM100 (B200/GB200/B300) decode kernel; the same shapes as sm90/launch.h.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "../common/params.h"
+
+namespace jax_mla::sm100 {
+
+// One-time per-device setup (opt-in shared memory); call from the FFI initialize stage.
+template <typename Element>
+cudaError_t setup_decode();
+
+// Launches the decode kernel over grid (p.num_parts, ceil(p.rows / 64)), 384 threads, with
+// programmatic dependent launch (launch_combine follows it, as for SM90). The tensor maps are made
+// exactly like the SM90 ones (cuda/ffi/cuda_handler.cu, make_tensor_map_2d, 128-byte swizzle):
+// q_map: (b * rows, 576) box (64 rows, 64 cols); kv_map: (num_pages * page_size, 576) box
+// (min(page_size, 64) rows, 64 cols). Only valid on a device of compute capability 10.0 or 10.3;
+// the caller dispatches.
+template <typename Element>
+cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
+                          cudaStream_t stream);
+
+}  // namespace jax_mla::sm100
