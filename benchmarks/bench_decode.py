@@ -4,8 +4,10 @@ Method (docs/performance.md): every timed call reads a KV cache that is not L2-r
 cache holds several disjoint page sets and consecutive calls use different block tables, so each
 call reads pages the previous one did not); calls are issued back to back, many per jitted step
 (XLA cannot merge or hoist them: their block tables differ), after warm-up; the per-call time is the
-median over repeats of (step time / calls per step). With --graphs (default on GPU) XLA command
-buffers capture the step into a CUDA graph, so launch overhead stays off the GPU's critical path.
+median over repeats of (step time / calls per step). The split-KV schedule is planned once per step
+and shared by its calls (as a model's layers share it); --schedule-per-call plans it in every call.
+Unless --no-graphs, XLA command buffers are asked to capture the step into a CUDA graph; the last
+line reports how many decode calls were actually traced into one (_ext.cuda_call_stats()).
 
 Usage: python benchmarks/bench_decode.py [--only NAME] [--xla] [--json out.json]
 """
@@ -100,6 +102,8 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="substring of config names to run")
     ap.add_argument("--xla", action="store_true", help="also time the plain-XLA reference")
     ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--schedule-per-call", action="store_true",
+                    help="plan the split-KV schedule inside every call instead of once per step")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-ceilings", action="store_true")
@@ -133,14 +137,20 @@ def main() -> int:
 
         def make_step(op):
             def step(q, cache, tables, seq_lens):
+                # One split-KV plan per step, shared by every call, as a model's layers share it
+                # (and as FlashMLA's benchmark plans its metadata once): the scheduler is not timed
+                # per call unless --schedule-per-call.
+                sched = None if args.schedule_per_call else jax_mla.decode_schedule(
+                    seq_lens, num_heads=cfg.heads, seq_q=cfg.seq_q)
                 acc = jnp.zeros((), jnp.float32)
                 for i in range(calls):
-                    out = op(q, cache, tables[i], seq_lens)
+                    out = op(q, cache, tables[i], seq_lens, sched)
                     acc = acc + out[0, 0, 0, i % 512].astype(jnp.float32)
                 return acc
             return jax.jit(step)
 
-        op = lambda q, c, t, s: jax_mla.mla_decode(q, c, t, s, causal=cfg.causal)  # noqa: E731
+        op = lambda q, c, t, s, sched=None: jax_mla.mla_decode(q, c, t, s, causal=cfg.causal,  # noqa: E731
+                                                               schedule=sched)
         # Sanity: one call against the reference (a benchmark of a wrong kernel is worthless).
         out = jax.jit(op)(q, cache, tables[0], seq_lens)
         ref, _ = reference.mla_decode_reference(q, cache, tables[0], seq_lens, causal=cfg.causal,
