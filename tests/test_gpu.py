@@ -153,3 +153,39 @@ def test_bad_page_ids_and_lengths_give_nan_for_that_request_only():
     ref_out, ref_lse = reference_on_cpu(data)
     cases.assert_close_rel_l2(out[:1], lse[:1], np.asarray(ref_out)[:1], np.asarray(ref_lse)[:1],
                               out_tol=1e-2, lse_tol=1e-3)
+
+
+# ----------------------------------------------------------------------------------------------
+# The device scheduler and the combine list (cuda/common/scheduler.cu)
+# ----------------------------------------------------------------------------------------------
+
+def device_schedule(seq_lens, num_parts):
+    with jax.default_device(gpu()):
+        sched = jax_mla.decode_schedule(jax.device_put(np.asarray(seq_lens, np.int32), gpu()),
+                                        num_heads=16, num_parts=num_parts)
+    return np.asarray(sched)
+
+
+# Batch sizes at and around every change of the scheduler's CTA shape (128, 1024) and its limit.
+SCHEDULE_BATCHES = (1, 2, 31, 32, 33, 127, 128, 129, 255, 1000, 1024, 1025, 4097, 16384)
+
+
+@pytest.mark.parametrize("b", SCHEDULE_BATCHES)
+def test_device_schedule_equals_host_plan(b):
+    """The device scheduler writes exactly the host plan (parts, split offsets, combine list) for
+    random, all-empty, half-empty, uniform and one-long batches."""
+    rng = np.random.default_rng(9400 + b)
+    kinds = np.array([0, 1, 63, 64, 65, 300, 1000, 4096, 30000, 131072])
+    batches = {
+        "random": np.where(rng.random(b) < 0.5, rng.choice(kinds, b), rng.integers(0, 20000, b)),
+        "all_empty": np.zeros(b),
+        "half_empty": np.where(rng.random(b) < 0.5, 0, rng.integers(1, 9000, b)),
+        "uniform": np.full(b, 4096),
+        "one_long": np.concatenate([[131072], rng.choice([0, 64], b - 1)]),
+    }
+    for name, lens in batches.items():
+        lens = lens.astype(np.int32)
+        for num_parts in (1, 7, 66, 132, 1000):
+            np.testing.assert_array_equal(device_schedule(lens, num_parts),
+                                          _ext.plan_schedule(lens, num_parts),
+                                          err_msg=f"{name} b={b} num_parts={num_parts}")
