@@ -115,8 +115,9 @@ def decode_schedule(seq_lens, *, num_heads, seq_q=1, num_parts=None):
 
     All layers of a step share seq_lens, so computing the plan once and passing it to every
     layer's mla_decode saves the per-call scheduling work. The schedule is an int32 array of
-    shape (num_parts * 8 + b + 1,) (format: cuda/common/scheduler.h); it only decides how work
-    is split, never the result.
+    shape (num_parts * 8 + 2 * b + 3,) (format: cuda/common/scheduler.h: per part its range of
+    (request, KV block), per request its partial-result slots, and the list of requests the
+    combine step merges); it only decides how work is split, never the result.
 
     Args:
       seq_lens: (b,) int32, the same array later passed to mla_decode.

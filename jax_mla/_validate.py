@@ -28,6 +28,8 @@ BLOCK_M = 64  # query rows per CTA / CPU task
 MIN_GPU_PAGE_SIZE = 16   # the GPU kernels need a power-of-two page size in this range
 MAX_GPU_PAGE_SIZE = 256
 PART_FIELDS = 8  # int32 fields per part in the schedule (cuda/common/scheduler.h)
+COMBINE_HEADER = 2  # int32 header of the schedule's combine list (count, many-split count)
+MANY_SPLITS = 8  # requests with more splits are listed first in the combine list
 _INT32_MAX = 2**31 - 1
 
 _FLOAT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(np.float16))
@@ -44,8 +46,9 @@ class DecodeDims(NamedTuple):
 
 
 def schedule_size(batch: int, num_parts: int) -> int:
-    """Elements of a schedule for `batch` requests and `num_parts` parts (scheduler.h)."""
-    return num_parts * PART_FIELDS + batch + 1
+    """Elements of a schedule for `batch` requests and `num_parts` parts (scheduler.h): the parts,
+    split_offsets (b + 1), then the combine list (a 2-element header and b entries)."""
+    return num_parts * PART_FIELDS + (batch + 1) + COMBINE_HEADER + batch
 
 
 def _shape(x: Any) -> tuple[int, ...]:
@@ -283,10 +286,10 @@ def schedule_num_parts(schedule: Any, batch: int, where: str = "mla_decode") -> 
     """num_parts encoded by the length of a schedule array from decode_schedule."""
     shape = _shape(schedule)
     n = shape[0] if len(shape) == 1 else -1
-    parts, rem = divmod(n - batch - 1, PART_FIELDS)
+    parts, rem = divmod(n - schedule_size(batch, 0), PART_FIELDS)
     if len(shape) != 1 or rem != 0 or parts < 1:
         raise ValueError(
-            f"{where}: schedule must have shape (num_parts * {PART_FIELDS} + b + 1,) with b = {batch} "
+            f"{where}: schedule must have shape (num_parts * {PART_FIELDS} + 2 * b + 3,) with b = {batch} "
             f"and num_parts >= 1 (as returned by decode_schedule for the same seq_lens), "
             f"got shape {shape}")
     dt = _dtype(schedule)
@@ -301,7 +304,7 @@ def check_schedule_operand(schedule: Any, batch: int, num_parts: int, where: str
     expected = schedule_size(batch, num_parts)
     if shape not in ((0,), (expected,)):
         raise ValueError(
-            f"{where}: schedule must have shape (0,) or (num_parts * {PART_FIELDS} + b + 1,) = "
+            f"{where}: schedule must have shape (0,) or (num_parts * {PART_FIELDS} + 2 * b + 3,) = "
             f"({expected},) for num_parts = {num_parts}, b = {batch}, got shape {shape}")
     dt = _dtype(schedule)
     if dt != _INT32:

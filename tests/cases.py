@@ -161,6 +161,23 @@ def max_abs_score(data: CaseData, scale: float | None = None) -> float:
     return abs(scale) * m
 
 
+def len_with_splits(splits: int, num_parts: int) -> int:
+    """A seq_len that the split-KV plan (cuda/common/scheduler.h) cuts into exactly `splits`
+    pieces when it is the only request, for splits = num_parts, num_parts - 1, num_parts - 2 or
+    num_parts - 5. The request costs nb + 5 units; with nb = num_parts * k - 5 blocks a part holds
+    k units and the request's 5 overhead units leave it floor(5 / k) parts short of num_parts."""
+    short = num_parts - splits
+    k = {0: 6, 1: 3, 2: 2}.get(short)
+    if k is None:
+        if short != 5:
+            raise ValueError(f"no closed form for {splits} splits over {num_parts} parts")
+        k = 1
+    nb = num_parts * k - 5
+    if nb < 1:
+        raise ValueError(f"num_parts {num_parts} too small for {splits} splits")
+    return nb * BLOCK_N - BLOCK_N // 3  # a partial last block
+
+
 # ----------------------------------------------------------------------------------------------
 # Sweeps
 # ----------------------------------------------------------------------------------------------

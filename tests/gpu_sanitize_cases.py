@@ -23,6 +23,9 @@ SMALL = [
     cases.Case(lens=(130, 0, 64), s_q=2, h_q=64, page_size=16, causal=True, seed=2),
     # many parts per request (combine), big pages
     cases.Case(lens=(1000,), h_q=128, page_size=256, seed=3),
+    # every class of the combine list in one call: ~47 splits (one CTA per row slice, shared-memory
+    # reduction), 2 splits (one warp per row), empty
+    cases.Case(lens=(3000, 0, 70), s_q=2, h_q=16, page_size=64, causal=True, seed=4),
 ]
 
 

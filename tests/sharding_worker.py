@@ -220,7 +220,7 @@ def check_schedule_under_heads_sharding():
     check_against_reference(data, got[:2])
     text = assert_no_collectives(fn, *args)
     assert text.count('custom_call_target="jax_mla_decode_schedule"') == 1
-    size = 5 * 8 + 6 + 1
+    size = 5 * 8 + 2 * 6 + 3  # schedule_size(b=6, num_parts=5)
     calls = [ln for ln in text.splitlines() if 'custom_call_target="jax_mla_decode"' in ln]
     assert len(calls) == 2 and all(f"s32[{size}]" in ln for ln in calls), calls
 

@@ -110,7 +110,7 @@ def test_num_parts_agree_to_rounding(dtype):
     results = {}
     for num_parts in (1, 7, 132):
         schedule = jax_mla.decode_schedule(data.seq_lens, num_heads=16, seq_q=2, num_parts=num_parts)
-        assert schedule.shape == (num_parts * 8 + data.case.b + 1,)
+        assert schedule.shape == (num_parts * 8 + 2 * data.case.b + 3,)
         results[num_parts] = [np.asarray(x, np.float64) for x in run_kernel(data, schedule=schedule)]
         check_against_reference(data, *results[num_parts])
     u = cases.UNIT_ROUNDOFF[dtype]
@@ -136,7 +136,7 @@ def test_default_num_parts():
     for s_q, h_q in [(1, 1), (1, 16), (1, 64), (1, 65), (2, 64), (4, 128), (8, 128)]:
         want = max(1, sms // math.ceil(s_q * h_q / 64))
         sched = jax_mla.decode_schedule(np.zeros(3, np.int32), num_heads=h_q, seq_q=s_q)
-        assert sched.shape == (want * 8 + 3 + 1,), (s_q, h_q)
+        assert sched.shape == (want * 8 + 2 * 3 + 3,), (s_q, h_q)
 
 
 def test_constants_match_extension():
@@ -148,15 +148,19 @@ def test_constants_match_extension():
     assert _validate.MAX_HEADS_Q == _ext.MAX_HEADS_Q
     for b, n in [(1, 1), (5, 7), (128, 132)]:
         assert _validate.schedule_size(b, n) == _ext.schedule_size(b, n)
+    assert _validate.PART_FIELDS == _ext.PART_FIELDS
+    assert _validate.COMBINE_HEADER == _ext.COMBINE_HEADER
+    assert _validate.MANY_SPLITS == _ext.MANY_SPLITS
 
 
 def check_schedule_invariants(schedule, seq_lens, num_parts):
     """Every (request, KV block) is covered exactly once, parts walk the requests in order, and
-    each request's pieces use its slots split_offsets[r] .. split_offsets[r+1]-1 contiguously."""
+    each request's pieces use its slots split_offsets[r] .. split_offsets[r+1]-1 contiguously;
+    the combine list names exactly the requests with a number of splits other than one."""
     b = len(seq_lens)
     schedule = np.asarray(schedule)
-    assert schedule.shape == (num_parts * 8 + b + 1,) and schedule.dtype == np.int32
-    offsets = schedule[num_parts * 8:]
+    assert schedule.shape == (num_parts * 8 + 2 * b + 3,) and schedule.dtype == np.int32
+    offsets = schedule[num_parts * 8:num_parts * 8 + b + 1]
     nblocks = [-(-int(n) // cases.BLOCK_N) for n in seq_lens]
     assert offsets[0] == 0 and (np.diff(offsets) >= 0).all()
     covered = [[] for _ in range(b)]   # (begin, end) pieces per request, in part order
@@ -184,6 +188,26 @@ def check_schedule_invariants(schedule, seq_lens, num_parts):
         want_slots = list(range(offsets[r], offsets[r + 1]))
         assert slots[r] == want_slots, f"request {r}: slots {slots[r]}, want {want_slots}"
         assert (len(want_slots) == 0) == (nblocks[r] == 0)
+    check_combine_list(schedule, b, num_parts)
+
+
+def check_combine_list(schedule, b, num_parts):
+    """The combine list (cuda/common/scheduler.h): its header counts the requests whose number of
+    splits is not one and, of those, the ones with more than MANY_SPLITS; the entries list first
+    the latter, then the others (0 or 2 .. MANY_SPLITS splits), each class in increasing order,
+    then -1 up to b entries."""
+    schedule = np.asarray(schedule)
+    offsets = schedule[num_parts * 8:num_parts * 8 + b + 1]
+    count, many = schedule[num_parts * 8 + b + 1:num_parts * 8 + b + 3]
+    entries = schedule[num_parts * 8 + b + 3:]
+    assert entries.shape == (b,)
+    splits = np.diff(offsets)
+    want_many = [r for r in range(b) if splits[r] > _validate.MANY_SPLITS]
+    want_few = [r for r in range(b) if splits[r] != 1 and splits[r] <= _validate.MANY_SPLITS]
+    assert many == len(want_many) and count == len(want_many) + len(want_few), (count, many)
+    assert list(entries[:many]) == want_many
+    assert list(entries[many:count]) == want_few
+    assert (entries[count:] == -1).all()
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -210,6 +234,85 @@ def test_schedule_invariant_check_can_fail():
         bad[p * 8 + field] -= 1
         with pytest.raises(AssertionError):
             check_schedule_invariants(bad, seq_lens, 4)
+
+
+def many_and_few_lens(rng, b):
+    """seq_lens mixing empty, one-block, short and very long requests, so that with 132 parts
+    the plan holds requests of 0, 1, 2 .. MANY_SPLITS and more splits."""
+    kinds = np.array([0, 0, 1, 64, 65, 300, 1000, 5000, 40000, 131072])
+    return np.where(rng.random(b) < 0.6, rng.choice(kinds, b), rng.integers(0, 20000, b)).astype(np.int32)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_combine_list_of_host_planner(seed):
+    rng = np.random.default_rng(700 + seed)
+    b = int(rng.choice([1, 2, 3, 17, 64, 200]))
+    seq_lens = many_and_few_lens(rng, b)
+    for num_parts in (1, 2, 9, 66, 132, 1000):
+        host = _ext.plan_schedule(seq_lens, num_parts)
+        check_schedule_invariants(host, seq_lens, num_parts)
+        op = jax_mla.decode_schedule(seq_lens, num_heads=16, num_parts=num_parts)
+        np.testing.assert_array_equal(np.asarray(op), host)
+
+
+def test_combine_list_classes_at_the_threshold():
+    """Requests with exactly MANY_SPLITS and MANY_SPLITS + 1 splits fall on either side, empty
+    ones are listed with the few-split class, single-split ones are not listed."""
+    many = _validate.MANY_SPLITS
+    num_parts = many + 1
+    lens = [cases.len_with_splits(many, num_parts), cases.len_with_splits(many + 1, num_parts)]
+    head = num_parts * 8 + 1 + 1  # b = 1: header after the parts and split_offsets
+    for seq_len, splits, tail in [(lens[0], many, [1, 0, 0]),   # listed, few-split class
+                                  (lens[1], many + 1, [1, 1, 0]),  # listed, many-split class
+                                  (64, 1, [0, 0, -1])]:           # one split: not listed
+        sched = np.asarray(_ext.plan_schedule(np.array([seq_len], np.int32), num_parts))
+        assert sched[num_parts * 8 + 1] - sched[num_parts * 8] == splits, seq_len
+        assert list(sched[head:]) == tail, seq_len
+    for seq_lens in ([0, lens[1], 64, 0], [lens[0], 0, lens[1]], [0, 0, 0]):
+        seq_lens = np.array(seq_lens, np.int32)
+        check_schedule_invariants(_ext.plan_schedule(seq_lens, num_parts), seq_lens, num_parts)
+    sched = np.asarray(_ext.plan_schedule(np.zeros(3, np.int32), num_parts))
+    assert list(sched[num_parts * 8 + 3 + 1:]) == [3, 0, 0, 1, 2]  # all empty: all listed
+
+
+def test_combine_list_check_can_fail():
+    seq_lens = np.array([0, 9000, 64, 700, 0], np.int32)
+    num_parts = 40
+    good = np.asarray(_ext.plan_schedule(seq_lens, num_parts))
+    check_schedule_invariants(good, seq_lens, num_parts)
+    head = num_parts * 8 + len(seq_lens) + 1
+    count, many = good[head:head + 2]
+    assert many >= 1 and count > many + 1, (count, many)
+    for pos, delta in [(head, 1), (head + 1, -1), (head + 2, 1), (head + 2 + many, 1),
+                       (head + 2 + count - 1, 1)]:
+        bad = good.copy()
+        bad[pos] += delta
+        with pytest.raises(AssertionError):
+            check_combine_list(bad, len(seq_lens), num_parts)
+    bad = good.copy()
+    bad[head + 2 + many], bad[head + 3 + many] = bad[head + 3 + many], bad[head + 2 + many]  # order
+    with pytest.raises(AssertionError):
+        check_combine_list(bad, len(seq_lens), num_parts)
+
+
+@pytest.mark.parametrize("num_parts", [9, 132])
+def test_decode_with_many_and_few_split_requests(num_parts):
+    """The CPU kernel combines the requests the list names: a plan with many-split, few-split,
+    single-split and empty requests still gives the reference result."""
+    case = cases.Case(lens=(0, 6000, 64, 0, 700, 3, 12000, 0), s_q=2, h_q=4, page_size=32,
+                      causal=True, seed=31)
+    data = cases.make(case)
+    sched = np.asarray(_ext.plan_schedule(data.seq_lens, num_parts))
+    check_schedule_invariants(sched, data.seq_lens, num_parts)
+    splits = np.diff(sched[num_parts * 8:num_parts * 8 + case.b + 1])
+    assert (splits == 0).any() and (splits == 1).any() and (splits > 1).any()
+    if num_parts == 132:
+        assert (splits > _validate.MANY_SPLITS).any()
+    out, lse = run_kernel(data, schedule=jax_mla.decode_schedule(data.seq_lens, num_heads=4, seq_q=2,
+                                                                  num_parts=num_parts))
+    check_against_reference(data, out, lse)
+    empty = data.seq_lens == 0
+    assert (np.asarray(out, np.float32)[empty] == 0).all() and (np.asarray(lse)[empty] == -np.inf).all()
 
 
 # ----------------------------------------------------------------------------------------------

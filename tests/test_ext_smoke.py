@@ -94,7 +94,8 @@ def test_registrations_format():
 
 
 def test_sizes():
-    assert _ext.schedule_size(3, 5) == 5 * 8 + 3 + 1
+    # parts, split_offsets (b + 1), combine list header (2) and entries (b).
+    assert _ext.schedule_size(3, 5) == 5 * 8 + (3 + 1) + 2 + 3
     # schedule, then partial lse (max_splits = b + parts slots, 256-byte aligned), then partial out.
     b, rows, parts = 3, 32, 5
     lse_offset = -(-_ext.schedule_size(b, parts) * 4 // 256) * 256

@@ -153,3 +153,171 @@ def test_bad_page_ids_and_lengths_give_nan_for_that_request_only():
     ref_out, ref_lse = reference_on_cpu(data)
     cases.assert_close_rel_l2(out[:1], lse[:1], np.asarray(ref_out)[:1], np.asarray(ref_lse)[:1],
                               out_tol=1e-2, lse_tol=1e-3)
+
+
+# ----------------------------------------------------------------------------------------------
+# The device scheduler and the combine list (cuda/common/scheduler.cu, combine.cu)
+# ----------------------------------------------------------------------------------------------
+
+def device_schedule(seq_lens, num_parts):
+    with jax.default_device(gpu()):
+        sched = jax_mla.decode_schedule(jax.device_put(np.asarray(seq_lens, np.int32), gpu()),
+                                        num_heads=16, num_parts=num_parts)
+    return np.asarray(sched)
+
+
+def plan_splits(seq_lens, num_parts):
+    """Splits per request of the host plan."""
+    sched = np.asarray(_ext.plan_schedule(np.asarray(seq_lens, np.int32), num_parts))
+    return np.diff(sched[num_parts * 8:num_parts * 8 + len(seq_lens) + 1])
+
+
+# Batch sizes at and around every change of the scheduler's CTA shape (128, 1024) and its limit.
+SCHEDULE_BATCHES = (1, 2, 31, 32, 33, 127, 128, 129, 255, 1000, 1024, 1025, 4097, 16384)
+
+
+@pytest.mark.parametrize("b", SCHEDULE_BATCHES)
+def test_device_schedule_equals_host_plan(b):
+    """The device scheduler writes exactly the host plan (parts, split offsets, combine list) for
+    random, all-empty, half-empty, uniform and one-long batches."""
+    rng = np.random.default_rng(9400 + b)
+    kinds = np.array([0, 1, 63, 64, 65, 300, 1000, 4096, 30000, 131072])
+    batches = {
+        "random": np.where(rng.random(b) < 0.5, rng.choice(kinds, b), rng.integers(0, 20000, b)),
+        "all_empty": np.zeros(b),
+        "half_empty": np.where(rng.random(b) < 0.5, 0, rng.integers(1, 9000, b)),
+        "uniform": np.full(b, 4096),
+        "one_long": np.concatenate([[131072], rng.choice([0, 64], b - 1)]),
+    }
+    for name, lens in batches.items():
+        lens = lens.astype(np.int32)
+        for num_parts in (1, 7, 66, 132, 1000):
+            np.testing.assert_array_equal(device_schedule(lens, num_parts),
+                                          _ext.plan_schedule(lens, num_parts),
+                                          err_msg=f"{name} b={b} num_parts={num_parts}")
+
+
+def assert_rows_close(data, out, lse, tol=2e-2):
+    """Every query row on its own (a wrong weight or a missing split of one row must not hide in
+    the global error): relative L2 error of out per row, and the lse, against the reference."""
+    ref_out, ref_lse = reference_on_cpu(data)
+    out = np.asarray(out, np.float64).reshape(-1, 512)
+    ref_out = np.asarray(ref_out).reshape(-1, 512)
+    norm = np.linalg.norm(ref_out, axis=1)
+    keys = norm > 0
+    err = np.linalg.norm(out - ref_out, axis=1)
+    assert (err[~keys] == 0).all()
+    worst = (err[keys] / norm[keys]).max(initial=0.0)
+    assert worst <= tol, f"worst row relative L2 error {worst:.3g} > {tol}"
+    np.testing.assert_allclose(np.asarray(lse).ravel(), np.asarray(ref_lse).ravel(), rtol=1e-3)
+
+
+def assert_bit_identical(a, b):
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(np.asarray(x).view(np.uint8), np.asarray(y).view(np.uint8))
+
+
+# (case, num_parts, what the plan must contain)
+MANY_SPLIT_CASES = [
+    # One request cut into 129 pieces: more than one round (8 warps x 16 splits) per row.
+    (cases.Case(lens=(131072,), h_q=128, page_size=64, seed=9501), 132, dict(max_splits=129)),
+    # The b1 h128 32K benchmark configuration: 65 splits of 128 rows.
+    (cases.Case(lens=(32768,), h_q=128, page_size=64, seed=9502), 66, dict(max_splits=65)),
+    # b = 3: a many-split, an empty and a few-split request; s_q = 2 causal (row = t * h + h).
+    (cases.Case(lens=(70000, 0, 700), s_q=2, h_q=64, causal=True, page_size=64, seed=9503), 132,
+     dict(max_splits=123, empty=True, few=True)),
+    # rows = 9 (not a multiple of the 8 warps of a CTA step), several many-split requests.
+    (cases.Case(lens=(5000, 0, 64, 0, 33000, 9, 0, 2000), s_q=3, h_q=3, page_size=32, seed=9504),
+     132, dict(empty=True, few=True, single=True)),
+]
+
+
+@pytest.mark.parametrize("case,num_parts,plan", MANY_SPLIT_CASES,
+                         ids=[f"{c.id}-P{n}" for c, n, _ in MANY_SPLIT_CASES])
+def test_many_splits(case, num_parts, plan):
+    data = cases.make(case)
+    splits = plan_splits(data.seq_lens, num_parts)
+    assert splits.max() > _ext.MANY_SPLITS
+    if "max_splits" in plan:
+        assert splits.max() == plan["max_splits"], splits
+    assert (splits == 0).any() == plan.get("empty", False)
+    assert ((splits >= 2) & (splits <= _ext.MANY_SPLITS)).any() == plan.get("few", False)
+    assert (splits == 1).any() == plan.get("single", False)
+    with jax.default_device(gpu()):
+        sched = jax_mla.decode_schedule(jax.device_put(data.seq_lens, gpu()), num_heads=case.h_q,
+                                        seq_q=case.s_q, num_parts=num_parts)
+    np.testing.assert_array_equal(np.asarray(sched), _ext.plan_schedule(data.seq_lens, num_parts))
+    first = run_gpu(data, schedule=sched)
+    check(data, *first)
+    assert_rows_close(data, *first)
+    assert_bit_identical(first, run_gpu(data, schedule=sched))  # fixed reduction order
+    assert_bit_identical(first, run_gpu(data, schedule=sched))
+
+
+def test_in_op_schedule_many_splits_is_bit_identical():
+    """The b1 h128 32K case with the schedule computed inside the op (default num_parts) equals
+    the call with the same plan passed in, bit for bit, and repeats bit for bit."""
+    data = cases.make(cases.Case(lens=(32768,), h_q=128, page_size=64, seed=9505))
+    in_op = run_gpu(data)
+    check(data, *in_op)
+    with jax.default_device(gpu()):
+        sched = jax_mla.decode_schedule(jax.device_put(data.seq_lens, gpu()), num_heads=128)
+    assert_bit_identical(in_op, run_gpu(data, schedule=sched))
+    assert_bit_identical(in_op, run_gpu(data))
+
+
+@pytest.mark.parametrize("h_q,s_q", [(128, 1), (3, 2)])
+@pytest.mark.parametrize("splits", [_ext.MANY_SPLITS, _ext.MANY_SPLITS + 1])
+def test_splits_at_the_many_split_threshold(splits, h_q, s_q):
+    """A request with exactly MANY_SPLITS splits takes the one-warp-per-row path of the combine,
+    one with MANY_SPLITS + 1 the CTA-per-row path; both must match the reference."""
+    num_parts = _ext.MANY_SPLITS + 1
+    seq_len = cases.len_with_splits(splits, num_parts)
+    assert plan_splits([seq_len], num_parts)[0] == splits
+    data = cases.make(cases.Case(lens=(seq_len,), s_q=s_q, h_q=h_q, page_size=64, causal=s_q > 1,
+                                 seed=9510 + splits))
+    with jax.default_device(gpu()):
+        sched = jax_mla.decode_schedule(jax.device_put(data.seq_lens, gpu()), num_heads=h_q,
+                                        seq_q=s_q, num_parts=num_parts)
+    out, lse = run_gpu(data, schedule=sched)
+    check(data, out, lse)
+    assert_rows_close(data, out, lse)
+
+
+EMPTY_HEAVY_CASES = [
+    # Most requests empty: the combine list is long, its many items span several grid strides.
+    cases.Case(lens=(0,) * 300 + (5000,) + (0,) * 40 + (70, 3, 0, 900), h_q=16, page_size=64,
+               seed=9520),
+    cases.Case(lens=(0,) * 1000, s_q=2, h_q=64, seed=9521),                    # all empty
+    # b = 2048 (the scheduler's largest CTA shape), short and empty requests, 3 rows each.
+    cases.Case(lens=tuple(int(x) for x in np.random.default_rng(9522).choice(
+        [0, 0, 0, 1, 15, 16, 17, 33, 48], 2048)), s_q=1, h_q=3, page_size=16, seed=9522),
+]
+
+
+@pytest.mark.parametrize("case", EMPTY_HEAVY_CASES, ids=lambda c: c.id)
+def test_many_empty_requests(case):
+    data = cases.make(case)
+    out, lse = run_gpu(data)
+    check(data, out, lse)
+    empty = data.seq_lens == 0
+    assert (out[empty].astype(np.float32) == 0).all() and (lse[empty] == -np.inf).all()
+    assert_bit_identical((out, lse), run_gpu(data))
+
+
+def test_negative_length_gives_nan_for_that_request_only():
+    """Under jit a negative length reaches the kernels: that request (in the combine list with no
+    split) gets NaN output and LSE; the empty, few-split and many-split requests next to it are
+    unaffected."""
+    data = cases.make(cases.Case(lens=(0, 100, 0, 40000, 3000), h_q=16, page_size=64, seed=9530))
+    q, kv, bt, sl = data.args
+    bad = sl.copy()
+    bad[2] = -5
+    fn = jax.jit(lambda *a: jax_mla.mla_decode(*a, return_lse=True))
+    out, lse = (np.asarray(x) for x in fn(*[jax.device_put(x, gpu()) for x in (q, kv, bt, bad)]))
+    assert np.isnan(out[2].astype(np.float32)).all() and np.isnan(lse[2]).all()
+    ok = np.array([0, 1, 3, 4])
+    ref_out, ref_lse = reference_on_cpu(data)
+    cases.assert_close_rel_l2(out[ok], lse[ok], np.asarray(ref_out)[ok], np.asarray(ref_lse)[ok],
+                              out_tol=1e-2, lse_tol=1e-3)
+    assert (out[0].astype(np.float32) == 0).all() and (lse[0] == -np.inf).all()

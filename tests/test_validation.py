@@ -196,14 +196,15 @@ def test_bool_flags(name, value):
 
 def test_bad_schedule():
     q, kv, bt, sl = good()
-    with pytest.raises(ValueError, match=r"schedule must have shape \(num_parts \* 8 \+ b \+ 1,\)"):
-        call(q, kv, bt, sl, schedule=np.zeros((12,), np.int32))   # 12 - 3 is not a multiple of 8
+    # b = 2: a schedule has num_parts * 8 + 2 * 2 + 3 elements.
+    with pytest.raises(ValueError, match=r"schedule must have shape \(num_parts \* 8 \+ 2 \* b \+ 3,\)"):
+        call(q, kv, bt, sl, schedule=np.zeros((12,), np.int32))   # 12 - 7 is not a multiple of 8
     with pytest.raises(ValueError, match="schedule"):
-        call(q, kv, bt, sl, schedule=np.zeros((3,), np.int32))    # num_parts would be 0
+        call(q, kv, bt, sl, schedule=np.zeros((7,), np.int32))    # num_parts would be 0
     with pytest.raises(ValueError, match="schedule"):
-        call(q, kv, bt, sl, schedule=np.zeros((11, 1), np.int32))
+        call(q, kv, bt, sl, schedule=np.zeros((15, 1), np.int32))
     with pytest.raises(TypeError, match="schedule must have dtype int32"):
-        call(q, kv, bt, sl, schedule=np.zeros((11,), np.int64))
+        call(q, kv, bt, sl, schedule=np.zeros((15,), np.int64))
     # A schedule for a different batch size.
     other = jax_mla.decode_schedule(np.zeros(3, np.int32), num_heads=16, num_parts=4)
     with pytest.raises(ValueError, match="schedule"):

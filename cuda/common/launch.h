@@ -37,8 +37,9 @@ cudaError_t launch_schedule(const int32_t* seq_lens, int batch, int num_parts, i
                             cudaStream_t stream);
 
 // Merges the partials of requests split over several parts into p.out / p.lse, and writes the
-// empty-request results (out 0, lse -inf). Launched with programmatic dependent launch right after
-// the decode kernel.
-cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream);
+// empty-request results (out 0, lse -inf), for the requests p.schedule's combine list names.
+// Launched with programmatic dependent launch right after the decode kernel, as a persistent grid
+// of at most sm_count * (CTAs per SM) CTAs (sm_count <= 0: 132).
+cudaError_t launch_combine(const DecodeParams& p, int sm_count, cudaStream_t stream);
 
 }  // namespace jax_mla

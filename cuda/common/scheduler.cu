@@ -3,6 +3,14 @@
 // One CTA: the prefix sums live in shared memory, then every part and every request is planned by
 // its own thread through the closed forms of scheduler.h. Output is bit-identical to
 // plan_schedule_host (checked by the GPU tests).
+//
+// The kernel sits on the critical path of every decode step (schedule -> decode -> combine), and
+// most of its time is latency, not work: one load of seq_lens, two prefix sums, a few divisions,
+// the stores. So the CTA is sized to the batch (ScheduleShape below): up to 128 requests one warp
+// does both scans with shuffles alone; larger batches use more warps, each thread owning a
+// contiguous chunk of requests whose seq_lens it loads all at once (unrolled, so the loads are in
+// flight together rather than one latency each). Three barriers in the largest shape, one in the
+// smallest (the old kernel had seven).
 #include <cstdint>
 #include <cuda_runtime.h>
 
@@ -13,68 +21,151 @@
 namespace jax_mla {
 namespace {
 
-constexpr int kSchedulerThreads = 1024;
+// Dynamic shared memory: C (b + 1) int64 and split_offsets (b + 1) int32.
+constexpr int64_t scheduler_smem_bytes(int batch) { return (static_cast<int64_t>(batch) + 1) * (8 + 4) + 8; }
 
-// Exclusive prefix sum of vals[0, n) into out[0, n], in place allowed (out may alias vals shifted by
-// one: out[i + 1] = sum of vals[0..i]). Block-wide, chunked: thread t owns a contiguous chunk.
-template <typename T>
-__device__ void block_exclusive_scan(const T* vals, T* out, int n, T* warp_totals) {
-  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
-  const int per = (n + kSchedulerThreads - 1) / kSchedulerThreads;
-  const int lo = min(n, t * per), hi = min(n, lo + per);
-  T local = 0;
-  for (int i = lo; i < hi; ++i) local += vals[i];
-  // Inclusive scan of the chunk totals across the warp, then across warps.
+// kThreads plan the parts (num_parts is often 66 or 132, so more threads than requests is useful);
+// the first kScanWarps warps scan the requests, kChunk contiguous requests per thread.
+template <int kThreads_, int kScanWarps_, int kChunk_>
+struct ScheduleShape {
+  static constexpr int kThreads = kThreads_;
+  static constexpr int kScanWarps = kScanWarps_;
+  static constexpr int kChunk = kChunk_;
+  static constexpr int kMaxBatch = kScanWarps * 32 * kChunk;
+  static_assert(kThreads % 32 == 0 && kScanWarps <= 32);
+  // Either one scanning warp (no barrier inside the scans, the other warps skip them) or every
+  // warp scans (the scans' barriers are then reached by the whole CTA).
+  static_assert(kScanWarps == 1 || kScanWarps * 32 == kThreads);
+};
+using SmallSchedule = ScheduleShape<128, 1, 4>;    // b <= 128: warp-level scans, one barrier
+using MediumSchedule = ScheduleShape<256, 8, 4>;   // b <= 1024
+using LargeSchedule = ScheduleShape<1024, 32, 16>;  // b <= kMaxScheduleBatch
+static_assert(LargeSchedule::kMaxBatch >= kMaxScheduleBatch);
+
+// The second scan carries three counts at once (splits, many-split requests, other listed
+// requests), packed in one 64-bit word: splits in the low 32 bits, then 16 bits per count. A
+// count of requests never exceeds kMaxScheduleBatch, and the splits of a valid plan stay below
+// 2^31 (schedule_size fits int32), so no field carries into the next.
+static_assert(kMaxScheduleBatch < (1 << 16));
+constexpr int kManyShift = 32;
+constexpr int kFewShift = 48;
+__device__ __forceinline__ uint64_t pack_counts(int num_splits) {
+  const uint64_t many = num_splits > kManySplits ? 1 : 0;
+  const uint64_t few = num_splits != 1 && num_splits <= kManySplits ? 1 : 0;
+  return static_cast<uint64_t>(num_splits) | (many << kManyShift) | (few << kFewShift);
+}
+__device__ __forceinline__ int splits_of(uint64_t c) { return static_cast<int>(c & 0xffffffffu); }
+__device__ __forceinline__ int many_of(uint64_t c) { return static_cast<int>((c >> kManyShift) & 0xffff); }
+__device__ __forceinline__ int few_of(uint64_t c) { return static_cast<int>((c >> kFewShift) & 0xffff); }
+
+// Exclusive scan of one value per thread over the kScanWarps scanning warps. Returns the exclusive
+// prefix and writes the grand total to *total (in every scanning thread). warp_totals
+// (kScanWarps) is shared memory used by this call only. With one scanning warp there is no shared
+// memory and no barrier (only that warp calls it); with several, the whole CTA calls it.
+template <class Shape, typename T>
+__device__ T scan_exclusive(T local, T* warp_totals, T* total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   T inc = local;
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
     const T other = __shfl_up_sync(0xffffffff, inc, d);
     if (lane >= d) inc += other;
   }
-  if (lane == 31) warp_totals[warp] = inc;
-  __syncthreads();
-  if (warp == 0) {
-    T w = warp_totals[lane];
+  if constexpr (Shape::kScanWarps == 1) {
+    *total = __shfl_sync(0xffffffff, inc, 31);
+    return inc - local;
+  } else {
+    if (warp < Shape::kScanWarps && lane == 31) warp_totals[warp] = inc;
+    __syncthreads();
+    // Every scanning warp scans the (at most 32) warp totals itself: no second barrier.
+    T t = lane < Shape::kScanWarps ? warp_totals[lane] : T(0);
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
-      const T other = __shfl_up_sync(0xffffffff, w, d);
-      if (lane >= d) w += other;
+      const T other = __shfl_up_sync(0xffffffff, t, d);
+      if (lane >= d) t += other;
     }
-    warp_totals[lane] = w;  // inclusive over warps
+    *total = __shfl_sync(0xffffffff, t, Shape::kScanWarps - 1);
+    const T before = __shfl_sync(0xffffffff, t, (warp + 31) % 32);  // inclusive total of warp - 1
+    return inc - local + (warp > 0 ? before : T(0));
   }
-  __syncthreads();
-  T running = inc - local + (warp > 0 ? warp_totals[warp - 1] : T(0));
-  // Each thread rewrites only its own chunk, so out may alias vals.
-  for (int i = lo; i < hi; ++i) {
-    const T v = vals[i];
-    out[i] = running;
-    running += v;
-  }
-  if (t == kSchedulerThreads - 1) out[n] = warp_totals[31];
-  __syncthreads();
 }
 
-__global__ void __launch_bounds__(kSchedulerThreads)
+template <class Shape>
+__global__ void __launch_bounds__(Shape::kThreads)
     schedule_kernel(const int32_t* __restrict__ seq_lens, int batch, int num_parts, int32_t* __restrict__ schedule) {
   extern __shared__ int64_t smem[];
-  int64_t* C = smem;                                              // (batch + 1) cost prefix
+  int64_t* C = smem;                                                   // (batch + 1) cost prefix
   int32_t* split_offsets = reinterpret_cast<int32_t*>(C + batch + 1);  // (batch + 1)
-  __shared__ int64_t totals64[32];
-  __shared__ int32_t totals32[32];
+  __shared__ int64_t cost_totals[Shape::kScanWarps];
+  __shared__ uint64_t count_totals[Shape::kScanWarps];
+  __shared__ int32_t num_listed_shared;
+  constexpr int kChunk = Shape::kChunk;
+  constexpr int kScanThreads = Shape::kScanWarps * 32;
+  // Requests [lo, lo + count) of a scanning thread: contiguous chunks, so that its prefix values
+  // follow from one scanned total each. ceil(batch / kScanThreads) <= kChunk by the shape's limit.
+  const bool scans = threadIdx.x < kScanThreads;
+  const int per = (batch + kScanThreads - 1) / kScanThreads;
+  const int lo = scans ? min(batch, static_cast<int>(threadIdx.x) * per) : batch;
+  const int count = min(per, batch - lo);
+
   ptx::grid_dependency_wait();  // seq_lens come from an earlier kernel
 
-  for (int r = threadIdx.x; r < batch; r += kSchedulerThreads) C[r] = request_cost(seq_lens[r]);
-  __syncthreads();
-  block_exclusive_scan<int64_t>(C, C, batch, totals64);
+  // With one scanning warp the other warps skip straight to the barrier below; with several, every
+  // thread scans (the shapes have no idle threads then) and the scans' barriers are uniform.
+  if (Shape::kScanWarps > 1 || scans) {
+    // All of this thread's seq_lens loads are issued before the first is used.
+    int cost[kChunk];  // (kChunk) request_cost of requests lo .. lo + count - 1 (fits int32)
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) cost[k] = k < count ? request_cost(seq_lens[lo + k]) : 0;
+    int64_t local_cost = 0;
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) local_cost += cost[k];
+    int64_t total_cost = 0;
+    int64_t c = scan_exclusive<Shape>(local_cost, cost_totals, &total_cost);
+    const int64_t w = units_per_part(total_cost, num_parts);
+
+    // C of the chunk (for the parts' binary searches), and each request's split count from the two
+    // prefix values this thread already holds.
+    int splits[kChunk];  // (kChunk)
+    uint64_t local_counts = 0;
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+      splits[k] = 1;
+      if (k < count) {
+        C[lo + k] = c;
+        splits[k] = num_splits_between(c, c + cost[k], w);
+        c += cost[k];
+        local_counts += pack_counts(splits[k]);
+      }
+    }
+    uint64_t total_counts = 0;
+    uint64_t counts = scan_exclusive<Shape>(local_counts, count_totals, &total_counts);
+
+    // split_offsets (shared: part_begin_slot needs them) and the combine list (global, scattered).
+    int32_t* combine = schedule + combine_begin(batch, num_parts);  // (kCombineHeader + b)
+    int32_t* list = combine + kCombineHeader;                       // (b)
+    const int num_many = many_of(total_counts);
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+      if (k < count) {
+        split_offsets[lo + k] = splits_of(counts);
+        const int pos = combine_position(splits[k], many_of(counts), few_of(counts), num_many);
+        if (pos >= 0) list[pos] = lo + k;
+        counts += pack_counts(splits[k]);
+      }
+    }
+    if (threadIdx.x == 0) {
+      C[batch] = total_cost;
+      split_offsets[batch] = splits_of(total_counts);
+      num_listed_shared = num_many + few_of(total_counts);
+      combine[kCombineCount] = num_many + few_of(total_counts);
+      combine[kCombineManyCount] = num_many;
+    }
+  }
+  __syncthreads();  // C, split_offsets and the totals are complete
+
   const int64_t w = units_per_part(C[batch], num_parts);
-
-  for (int r = threadIdx.x; r < batch; r += kSchedulerThreads) split_offsets[r] = num_splits_of(C, r, w);
-  __syncthreads();
-  block_exclusive_scan<int32_t>(split_offsets, split_offsets, batch, totals32);
-
-  int32_t* out_offsets = schedule + static_cast<int64_t>(num_parts) * kPartFields;
-  for (int r = threadIdx.x; r <= batch; r += kSchedulerThreads) out_offsets[r] = split_offsets[r];
-  for (int part = threadIdx.x; part < num_parts; part += kSchedulerThreads) {
+  for (int part = threadIdx.x; part < num_parts; part += Shape::kThreads) {
     int32_t info[kPartFields];
     plan_part(C, batch, w, part, info);
     if (info[kPartBeginReq] < batch) {
@@ -84,26 +175,39 @@ __global__ void __launch_bounds__(kSchedulerThreads)
 #pragma unroll
     for (int f = 0; f < kPartFields; ++f) dst[f] = info[f];
   }
+  // Coalesced copies: split_offsets, and the unused tail of the list.
+  int32_t* out_offsets = schedule + split_offsets_begin(num_parts);  // (b + 1)
+  for (int r = threadIdx.x; r <= batch; r += Shape::kThreads) out_offsets[r] = split_offsets[r];
+  int32_t* list = schedule + combine_begin(batch, num_parts) + kCombineHeader;  // (b)
+  for (int i = num_listed_shared + threadIdx.x; i < batch; i += Shape::kThreads) list[i] = -1;
   ptx::grid_launch_dependents();
+}
+
+template <class Shape>
+cudaError_t launch_shape(const int32_t* seq_lens, int batch, int num_parts, int32_t* schedule, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(1);
+  cfg.blockDim = dim3(Shape::kThreads);
+  cfg.dynamicSmemBytes = scheduler_smem_bytes(batch);
+  cfg.stream = stream;
+  return cudaLaunchKernelEx(&cfg, schedule_kernel<Shape>, seq_lens, batch, num_parts, schedule);
 }
 
 }  // namespace
 
-int64_t scheduler_smem_bytes(int batch) { return (batch + 1) * (8 + 4) + 8; }
-
 cudaError_t launch_schedule(const int32_t* seq_lens, int batch, int num_parts, int32_t* schedule,
                             cudaStream_t stream) {
-  const int64_t smem = scheduler_smem_bytes(batch);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(1);
-  cfg.blockDim = dim3(kSchedulerThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  return cudaLaunchKernelEx(&cfg, schedule_kernel, seq_lens, batch, num_parts, schedule);
+  if (batch <= SmallSchedule::kMaxBatch) return launch_shape<SmallSchedule>(seq_lens, batch, num_parts, schedule, stream);
+  if (batch <= MediumSchedule::kMaxBatch) {
+    return launch_shape<MediumSchedule>(seq_lens, batch, num_parts, schedule, stream);
+  }
+  return launch_shape<LargeSchedule>(seq_lens, batch, num_parts, schedule, stream);
 }
 
 cudaError_t setup_schedule_kernel() {
-  return cudaFuncSetAttribute(schedule_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  // Only the largest shape needs more than the default 48 KB of dynamic shared memory.
+  static_assert(scheduler_smem_bytes(MediumSchedule::kMaxBatch) <= 48 * 1024);
+  return cudaFuncSetAttribute(schedule_kernel<LargeSchedule>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               static_cast<int>(scheduler_smem_bytes(kMaxScheduleBatch)));
 }
 

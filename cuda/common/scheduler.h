@@ -15,12 +15,22 @@
 //
 // Layout of the schedule array (int32, schedule_size(b, num_parts) elements):
 //   [0, num_parts * kPartFields)            PartInfo of part p at p * kPartFields
-//   [num_parts * kPartFields, ... + b + 1)  split_offsets: request r's partial results live in
+//   [split_offsets_begin, ... + b + 1)      split_offsets: request r's partial results live in
 //                                           workspace slots split_offsets[r] .. split_offsets[r+1]-1;
 //                                           split_offsets[b] = total number of slots used.
+//   [combine_begin, ... + kCombineHeader + b)  the combine's work list:
+//       [kCombineCount]      number of listed requests: those with num_splits != 1
+//       [kCombineManyCount]  how many of them have num_splits > kManySplits
+//       then b entries: first the kCombineManyCount requests with num_splits > kManySplits, in
+//       increasing order, then the other listed ones (num_splits 0 or 2 .. kManySplits), in
+//       increasing order; entries past kCombineCount are -1.
 // A request with exactly one split writes its final output directly; with several, each part
 // writes a partial (O normalised by its own sum, plus its LSE) and the combine step merges them;
-// with none (seq_len == 0) the combine step writes O = 0 and LSE = -inf.
+// with none (seq_len <= 0) the combine step writes O = 0 and LSE = -inf (NaN for a negative
+// length, which is an invalid request). The list lets the combine kernel size its work to the
+// requests that need it (often few: b = 128 at 4K has ~60 split requests, b = 1 at 32K one
+// request with 65 splits) instead of visiting every request; the two classes get different work
+// shapes there (cuda/common/combine.cu).
 #pragma once
 
 #include <cstdint>
@@ -39,8 +49,24 @@ enum PartField : int {
   kPartFields = 8,      // padded to 32 bytes
 };
 
+// Header of the combine list, at schedule[combine_begin(b, num_parts) + field].
+enum CombineField : int {
+  kCombineCount = 0,      // requests listed (num_splits != 1)
+  kCombineManyCount = 1,  // of those, the first ones: num_splits > kManySplits
+  kCombineHeader = 2,     // the b list entries follow
+};
+
+// Requests split into more pieces than this are "many-split": the combine kernel spreads each of
+// their rows over the warps of a CTA (split loop in parallel), the others get one warp per row.
+// Part of the schedule format (the list is ordered by it), so host and device agree on it.
+inline constexpr int kManySplits = 8;
+
+MLA_HOST_DEVICE int64_t split_offsets_begin(int64_t num_parts) { return num_parts * kPartFields; }
+MLA_HOST_DEVICE int64_t combine_begin(int64_t batch, int64_t num_parts) {
+  return split_offsets_begin(num_parts) + batch + 1;
+}
 MLA_HOST_DEVICE int64_t schedule_size(int64_t batch, int64_t num_parts) {
-  return num_parts * kPartFields + batch + 1;
+  return combine_begin(batch, num_parts) + kCombineHeader + batch;
 }
 
 // Most workspace slots any schedule over `batch` requests and `num_parts` parts can use:
@@ -77,10 +103,23 @@ MLA_HOST_DEVICE int64_t first_part_of(const int64_t* C, int r, int64_t w) {
 }
 MLA_HOST_DEVICE int64_t last_part_of(const int64_t* C, int r, int64_t w) { return (C[r + 1] - 1) / w; }
 
+// Number of pieces (workspace slots) of the request whose cost units are [c_begin, c_end)
+// (first_part_of / last_part_of written on the two prefix values directly, so that the device
+// scheduler can use the values it holds in registers).
+MLA_HOST_DEVICE int num_splits_between(int64_t c_begin, int64_t c_end, int64_t w) {
+  if (c_end == c_begin) return 0;
+  return static_cast<int>((c_end - 1) / w - (c_begin + kFixedOverheadBlocks) / w + 1);
+}
+
 // Number of pieces (workspace slots) request r is split into.
-MLA_HOST_DEVICE int num_splits_of(const int64_t* C, int r, int64_t w) {
-  if (C[r + 1] == C[r]) return 0;
-  return static_cast<int>(last_part_of(C, r, w) - first_part_of(C, r, w) + 1);
+MLA_HOST_DEVICE int num_splits_of(const int64_t* C, int r, int64_t w) { return num_splits_between(C[r], C[r + 1], w); }
+
+// Where request r goes in the combine list (-1: not listed, it has exactly one split).
+// many_before / few_before: listed requests before r of the same class; num_many: the total of
+// the many-split class (listed first).
+MLA_HOST_DEVICE int combine_position(int num_splits, int many_before, int few_before, int num_many) {
+  if (num_splits == 1) return -1;
+  return num_splits > kManySplits ? many_before : num_many + few_before;
 }
 
 // KV block of request r at cost unit x, clamped to [0, nb]: units before the request's blocks
@@ -124,7 +163,7 @@ inline void plan_schedule_host(const int32_t* seq_lens, int batch, int num_parts
   C[0] = 0;
   for (int r = 0; r < batch; ++r) C[r + 1] = C[r] + request_cost(seq_lens[r]);
   const int64_t w = units_per_part(C[batch], num_parts);
-  int32_t* split_offsets = schedule + static_cast<int64_t>(num_parts) * kPartFields;
+  int32_t* split_offsets = schedule + split_offsets_begin(num_parts);  // (b + 1)
   split_offsets[0] = 0;
   for (int r = 0; r < batch; ++r) split_offsets[r + 1] = split_offsets[r] + num_splits_of(C, r, w);
   for (int p = 0; p < num_parts; ++p) {
@@ -134,6 +173,25 @@ inline void plan_schedule_host(const int32_t* seq_lens, int batch, int num_parts
       info[kPartBeginSlot] = part_begin_slot(C, split_offsets, w, p, info[kPartBeginReq]);
     }
   }
+  int32_t* combine = schedule + combine_begin(batch, num_parts);  // (kCombineHeader + b)
+  int32_t* list = combine + kCombineHeader;                       // (b)
+  int num_many = 0, num_listed = 0;
+  for (int r = 0; r < batch; ++r) {
+    const int n = split_offsets[r + 1] - split_offsets[r];
+    num_many += n > kManySplits;
+    num_listed += n != 1;
+  }
+  for (int i = 0; i < batch; ++i) list[i] = -1;
+  int many_before = 0, few_before = 0;
+  for (int r = 0; r < batch; ++r) {
+    const int n = split_offsets[r + 1] - split_offsets[r];
+    const int pos = combine_position(n, many_before, few_before, num_many);
+    if (pos >= 0) list[pos] = r;
+    many_before += n > kManySplits;
+    few_before += n != 1 && n <= kManySplits;
+  }
+  combine[kCombineCount] = num_listed;
+  combine[kCombineManyCount] = num_many;
 }
 
 // How one part walks its work; used by every kernel so they agree on slots.

@@ -75,7 +75,8 @@ class DecodeCpu {
         q_(static_cast<const uint16_t*>(p.q)),
         kv_cache_(static_cast<const uint16_t*>(p.kv_cache)),
         out_(static_cast<uint16_t*>(p.out)),
-        split_offsets_(p.schedule + static_cast<int64_t>(p.num_parts) * kPartFields),
+        split_offsets_(p.schedule + split_offsets_begin(p.num_parts)),
+        combine_(p.schedule + combine_begin(p.batch, p.num_parts)),
         num_m_blocks_((p.rows + kBlockM - 1) / kBlockM),
         gemm_(cpu::block_gemm()) {}
 
@@ -95,6 +96,10 @@ class DecodeCpu {
       run_piece(piece, row0, num_rows, s);
     }
   }
+
+  // Requests the combine step visits: the schedule's combine list (num_splits != 1).
+  int64_t num_listed() const { return combine_[kCombineCount]; }
+  int listed_request(int64_t i) const { return combine_[kCombineHeader + i]; }
 
   // Merges the partial results of request r (num_splits >= 2), or writes the empty-request
   // result (num_splits == 0). Requests with one split were finished by their task.
@@ -224,6 +229,7 @@ class DecodeCpu {
   const uint16_t* kv_cache_;        // (num_pages, page_size, 576)
   uint16_t* out_;                   // (b, rows, 512)
   const int32_t* split_offsets_;    // (b + 1)
+  const int32_t* combine_;          // (kCombineHeader + b) combine list, scheduler.h
   int num_m_blocks_;
   const cpu::BlockGemm& gemm_;
 };
@@ -264,12 +270,13 @@ void decode_cpu(const DecodeParams& params, int max_threads) {
                             [&](int64_t task, TaskScratch& s) { decode.run_task(task, s); });
 
   // The combine moves rows * 512 floats per split: only worth threads for large batches.
-  const int64_t splits_used = params.schedule[static_cast<int64_t>(params.num_parts) * kPartFields + params.batch];
+  const int64_t splits_used = params.schedule[split_offsets_begin(params.num_parts) + params.batch];
   const int64_t combine_floats = splits_used * params.rows * kHeadDimV;
   const int combine_threads = combine_floats >= (int64_t{1} << 20) ? num_threads : 1;
-  parallel_for<std::vector<float>>(params.batch, combine_threads,
-                                   [&](int64_t r, std::vector<float>& weights) {
-                                     decode.combine_request(static_cast<int>(r), weights);
+  // Only the listed requests (the schedule is the host plan, checked by the handler).
+  parallel_for<std::vector<float>>(decode.num_listed(), combine_threads,
+                                   [&](int64_t i, std::vector<float>& weights) {
+                                     decode.combine_request(decode.listed_request(i), weights);
                                    });
 }
 

@@ -137,4 +137,7 @@ NB_MODULE(_ext, m) {
   m.attr("BLOCK_N") = jax_mla::kBlockN;
   m.attr("MAX_SEQ_Q") = jax_mla::kMaxSeqQ;
   m.attr("MAX_HEADS_Q") = jax_mla::kMaxHeadsQ;
+  m.attr("PART_FIELDS") = static_cast<int>(jax_mla::kPartFields);
+  m.attr("COMBINE_HEADER") = static_cast<int>(jax_mla::kCombineHeader);
+  m.attr("MANY_SPLITS") = jax_mla::kManySplits;
 }
