@@ -123,10 +123,11 @@ __global__ void __launch_bounds__(32 * kRowsPerCta) combine_kernel(const __grid_
 
 }  // namespace
 
-cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
+cudaError_t launch_combine(const DecodeParams& p, bool programmatic, cudaStream_t stream) {
   cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = pdl_launch_config(
-      dim3(p.batch, (p.rows + kRowsPerCta - 1) / kRowsPerCta, kColSlices), dim3(32 * kRowsPerCta), 0, stream, &attr);
+  const cudaLaunchConfig_t cfg =
+      pdl_launch_config(dim3(p.batch, (p.rows + kRowsPerCta - 1) / kRowsPerCta, kColSlices), dim3(32 * kRowsPerCta), 0,
+                        stream, &attr, programmatic);
   if (p.dtype == DType::kBF16) return cudaLaunchKernelEx(&cfg, combine_kernel<__nv_bfloat16>, p);
   return cudaLaunchKernelEx(&cfg, combine_kernel<__half>, p);
 }

@@ -144,7 +144,7 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   cudaError_t e = p.dtype == DType::kBF16 ? sm90::launch_decode<__nv_bfloat16>(p, q_map, kv_map, stream)
                                           : sm90::launch_decode<__half>(p, q_map, kv_map, stream);
   if (e != cudaSuccess) return cuda_error("decode kernel launch", e);
-  if ((e = launch_combine(p, stream)) != cudaSuccess) return cuda_error("combine kernel launch", e);
+  if ((e = launch_combine(p, /*programmatic=*/true, stream)) != cudaSuccess) return cuda_error("combine kernel launch", e);
   return ffi::Error::Success();
 }
 
