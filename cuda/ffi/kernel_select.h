@@ -127,27 +127,30 @@ inline KernelSelection select_kernel(int cc_major, int cc_minor, int32_t kernel_
     }
     source = "JAX_MLA_KERNEL";
   }
-  const std::string cc = compute_capability_string(cc_major, cc_minor);
+  // Messages are built only on the error paths: the execute stage calls this for every launch.
+  const auto cc = [&] { return compute_capability_string(cc_major, cc_minor); };
   if (cc_major < 8) {
-    s.error = "no CUDA kernel for compute capability " + cc + ": jax_mla's GPU kernels need 8.0 or newer";
+    s.error = "no CUDA kernel for compute capability " + cc() + ": jax_mla's GPU kernels need 8.0 or newer";
     return s;
   }
-  const std::string asked = std::string("kernel '") + kernel_name(requested) + "' (requested by " + source + ")";
+  const auto asked = [&] {
+    return std::string("kernel '") + kernel_name(requested) + "' (requested by " + source + ")";
+  };
   switch (requested) {
     case Kernel::kSm90:
       if (!(cc_major == 9 && cc_minor == 0)) {
-        s.error = asked + " needs compute capability 9.0 (H100, H200); this device has " + cc;
+        s.error = asked() + " needs compute capability 9.0 (H100, H200); this device has " + cc();
       } else if (!built.sm90) {
-        s.error = asked + " is not in this build (compiled without sm_90a)";
+        s.error = asked() + " is not in this build (compiled without sm_90a)";
       } else {
         s.kernel = Kernel::kSm90;
       }
       return s;
     case Kernel::kSm100:
       if (!(cc_major == 10 && (cc_minor == 0 || cc_minor == 3))) {
-        s.error = asked + " needs compute capability 10.0 or 10.3 (B200, B300); this device has " + cc;
+        s.error = asked() + " needs compute capability 10.0 or 10.3 (B200, B300); this device has " + cc();
       } else if (!(cc_minor == 0 ? built.sm100 : built.sm103)) {
-        s.error = asked + " is not in this build for compute capability " + cc + " (no sm_10" +
+        s.error = asked() + " is not in this build for compute capability " + cc() + " (no sm_10" +
                   std::to_string(cc_minor) + "a SM100 kernel compiled in)";
       } else {
         s.kernel = Kernel::kSm100;
