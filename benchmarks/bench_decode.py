@@ -7,7 +7,10 @@ call reads pages the previous one did not); calls are issued back to back, many 
 median over repeats of (step time / calls per step). With --graphs (default on GPU) XLA command
 buffers capture the step into a CUDA graph, so launch overhead stays off the GPU's critical path.
 
-Usage: python benchmarks/bench_decode.py [--only NAME] [--xla] [--json out.json]
+Usage: python benchmarks/bench_decode.py [--only NAME] [--xla] [--kernel portable] [--json out.json]
+
+--kernel times a forced CUDA kernel (mla_decode's kernel= argument: auto, sm90, sm100, portable);
+the table and the JSON record it, with jax_mla.kernel_info() of the device.
 """
 
 from __future__ import annotations
@@ -103,6 +106,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-ceilings", action="store_true")
+    ap.add_argument("--kernel", default="auto", choices=["auto", "sm90", "sm100", "portable"],
+                    help="CUDA kernel to time (mla_decode's kernel= argument)")
     args = ap.parse_args()
     _setup_xla_flags(not args.no_graphs)
 
@@ -115,6 +120,8 @@ def main() -> int:
 
     backend = jax.default_backend()
     print(f"# jax {jax.__version__}, backend {backend}, device {jax.devices()[0].device_kind}", flush=True)
+    info = jax_mla.kernel_info()
+    print(f"# kernel={args.kernel!r}; kernel_info: {info}", flush=True)
     copy_gbps, mm_tflops = COPY_GBPS, MATMUL_TFLOPS
     if backend == "gpu" and not args.no_ceilings:
         copy_gbps, mm_tflops = measure_ceilings()
@@ -140,14 +147,15 @@ def main() -> int:
                 return acc
             return jax.jit(step)
 
-        op = lambda q, c, t, s: jax_mla.mla_decode(q, c, t, s, causal=cfg.causal)  # noqa: E731
+        op = lambda q, c, t, s: jax_mla.mla_decode(q, c, t, s, causal=cfg.causal, kernel=args.kernel)  # noqa: E731
         # Sanity: one call against the reference (a benchmark of a wrong kernel is worthless).
         out = jax.jit(op)(q, cache, tables[0], seq_lens)
         ref, _ = reference.mla_decode_reference(q, cache, tables[0], seq_lens, causal=cfg.causal,
                                                 out_dtype=jnp.float32)
         err = float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
         us = time_step(make_step(op), (q, cache, tables, seq_lens), args.repeats, calls)
-        row = dict(name=cfg.name, impl="jax_mla", us=us, rel_err=err, calls=calls, sets=num_sets)
+        impl = "jax_mla" if args.kernel == "auto" else f"jax_mla[{args.kernel}]"
+        row = dict(name=cfg.name, impl=impl, kernel=args.kernel, us=us, rel_err=err, calls=calls, sets=num_sets)
         rows.append(row)
         if args.xla:
             xla_op = lambda q, c, t, s: reference.mla_decode_reference(q, c, t, s, causal=cfg.causal)[0]  # noqa
@@ -166,19 +174,21 @@ def main() -> int:
             r["pct_bw"] = 100 * r["gbps"] / copy_gbps
             r["pct_mm"] = 100 * r["tflops"] / mm_tflops
             r["vs_best"] = r["us"] / cfg.best_graph_us
-            print(f"# {r['name']:<26} {r['impl']:<9} {r['us']:9.1f} us  err {r['rel_err']:.2e}", flush=True)
+            print(f"# {r['name']:<26} {r['impl']:<18} {r['us']:9.1f} us  err {r['rel_err']:.2e}", flush=True)
         del q, cache, tables, seq_lens
 
     print()
-    print(f"{'config':<26} {'impl':<9} {'us':>8} {'GB/s':>7} {'TFLOP/s':>8} {'%copy':>6} {'%mm':>5} "
+    print(f"{'config':<26} {'impl':<18} {'us':>8} {'GB/s':>7} {'TFLOP/s':>8} {'%copy':>6} {'%mm':>5} "
           f"{'x best':>7} {'relerr':>8}")
     for r in rows:
-        print(f"{r['name']:<26} {r['impl']:<9} {r['us']:8.1f} {r['gbps']:7.0f} {r['tflops']:8.1f} "
+        print(f"{r['name']:<26} {r['impl']:<18} {r['us']:8.1f} {r['gbps']:7.0f} {r['tflops']:8.1f} "
               f"{r['pct_bw']:6.1f} {r['pct_mm']:5.1f} {r['vs_best']:7.2f} {r['rel_err']:8.1e}")
     print("x best = our back-to-back time / FlashMLA's back-to-back graph-replay time (facts file); < 1 is faster.")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(copy_gbps=copy_gbps, matmul_tflops=mm_tflops, rows=rows), f, indent=1)
+            json.dump(dict(copy_gbps=copy_gbps, matmul_tflops=mm_tflops, kernel=args.kernel,
+                           kernel_info={k: list(v) if isinstance(v, tuple) else v for k, v in info.items()},
+                           rows=rows), f, indent=1)
     return 0
 
 

@@ -4,7 +4,8 @@ replayed while seq_lens, the block table and q change between steps.
 XLA reads XLA_FLAGS once per process, so each configuration runs tests/gpu_graphs_worker.py in a
 subprocess: once with command buffers on for custom calls (and graphs of any size), once with them
 off. The worker checks every step against the CPU reference; here the compiled HLO must show the
-command buffer and both runs must agree bit for bit.
+command buffer and both runs must agree bit for bit. It runs with the device's own kernel and with
+the portable kernel forced (JAX_MLA_KERNEL=portable).
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ GRAPHS = "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min
 NO_GRAPHS = "--xla_gpu_enable_command_buffer="
 
 
-def run_worker(tmp_path, name, xla_flags):
+def run_worker(tmp_path, name, xla_flags, kernel=""):
     out = tmp_path / f"{name}.pkl"
     env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + xla_flags).strip())
     env.pop("JAX_PLATFORMS", None)
+    env["JAX_MLA_KERNEL"] = kernel  # "" (auto) or a forced kernel for the whole step
     proc = subprocess.run([sys.executable, "-P", os.path.join(TESTS, "gpu_graphs_worker.py"),
                            str(out)], cwd=str(tmp_path), env=env, capture_output=True, text=True,
                           timeout=600)
@@ -50,9 +52,10 @@ def computations(hlo_text):
     return comps
 
 
-def test_decode_step_replays_in_a_cuda_graph(tmp_path):
-    graphs = run_worker(tmp_path, "graphs", GRAPHS)
-    plain = run_worker(tmp_path, "plain", NO_GRAPHS)
+@pytest.mark.parametrize("kernel", ["", "portable"], ids=["auto", "portable"])
+def test_decode_step_replays_in_a_cuda_graph(tmp_path, kernel):
+    graphs = run_worker(tmp_path, "graphs", GRAPHS, kernel)
+    plain = run_worker(tmp_path, "plain", NO_GRAPHS, kernel)
     # XLA outlines what it records into a CUDA graph into computations named command_buffer*:
     # both decode calls and the schedule must be in one, and nothing is outlined without the flag.
     buffers = {n: b for n, b in computations(graphs["hlo"]).items()
