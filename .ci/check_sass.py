@@ -1,9 +1,13 @@
-"""Checks the machine code of the built extension: each decode kernel must use the instructions it
-was written for, so the fast path cannot silently fall back to something slower:
-  - sm_90a, the SM90 kernel: HGMMA (wgmma) and UTMALDG (TMA loads);
-  - sm_100a and sm_103a, the SM100 kernel: a tcgen05 MMA (UTCHMMA, or any UTC*MMA form), TMEM loads
-    (LDTM) and TMA loads (UTMALDG). sm_103a is checked when the build contains it (nvcc >= 12.9).
-Uses cuobjdump and nvdisasm from NVIDIA's pip wheels.
+"""Checks the machine code of the built extension: every decode kernel must use the instructions it
+was written for, so no path can silently fall back to something slower:
+  - the SM90 kernel (sm_90a): HGMMA (wgmma) and UTMALDG (TMA loads);
+  - the SM100 kernel (sm_100a, and sm_103a when the build has it, nvcc >= 12.9): a tcgen05 MMA
+    (UTCHMMA, or any UTC*MMA form), TMEM loads (LDTM) and TMA loads (UTMALDG);
+  - the portable kernel (sm_80, which runs on every 8.x GPU, sm_90 and sm_120): HMMA (mma.sync),
+    LDSM (ldmatrix) and LDGSTS (cp.async), and no local-memory spills (LDL/STL); its compute_80 PTX
+    (for GPUs without a cubin) must be embedded too.
+Both instantiations (bf16, fp16) of each kernel must be there. Uses cuobjdump and nvdisasm from
+NVIDIA's pip wheels.
 
   python3 -P .ci/check_sass.py      (inside an environment where jax_mla is installed)
 """
@@ -43,11 +47,17 @@ def kernels(sass: str) -> dict[str, str]:
     return out
 
 
-# (architecture, kernel namespace tag, required instruction patterns, required in the build?)
+_SM100 = {"UTC*MMA": r"\bUTC\w*MMA\b", "LDTM": r"\bLDTM\b", "UTMALDG": r"\bUTMALDG\b"}
+_PORTABLE = {"HMMA": r"\bHMMA\b", "LDSM": r"\bLDSM\b", "LDGSTS": r"\bLDGSTS\b"}
+_SPILLS = {"LDL": r"\bLDL\b", "STL": r"\bSTL\b"}
+# (architecture, kernel namespace, required instruction patterns, forbidden ones, required in the build?)
 CHECKS = (
-    ("sm_90a", "sm90", {"HGMMA": r"\bHGMMA\b", "UTMALDG": r"\bUTMALDG\b"}, True),
-    ("sm_100a", "sm100", {"UTC*MMA": r"\bUTC\w*MMA\b", "LDTM": r"\bLDTM\b", "UTMALDG": r"\bUTMALDG\b"}, True),
-    ("sm_103a", "sm100", {"UTC*MMA": r"\bUTC\w*MMA\b", "LDTM": r"\bLDTM\b", "UTMALDG": r"\bUTMALDG\b"}, False),
+    ("sm_90a", "sm90", {"HGMMA": r"\bHGMMA\b", "UTMALDG": r"\bUTMALDG\b"}, {}, True),
+    ("sm_100a", "sm100", _SM100, {}, True),
+    ("sm_103a", "sm100", _SM100, {}, False),
+    ("sm_80", "portable", _PORTABLE, _SPILLS, True),
+    ("sm_90", "portable", _PORTABLE, _SPILLS, True),
+    ("sm_120", "portable", _PORTABLE, _SPILLS, True),
 )
 
 
@@ -66,7 +76,7 @@ def main() -> int:
     os.environ["PATH"] = os.path.dirname(find_tool("nvdisasm")) + os.pathsep + os.environ.get("PATH", "")
     failures = []
     present = archs_in(tool, so)
-    for arch, tag, required, mandatory in CHECKS:
+    for arch, namespace, required, forbidden, mandatory in CHECKS:
         if arch not in present:
             if mandatory:
                 failures.append(f"{arch}: no machine code for it in {os.path.basename(so)}")
@@ -79,13 +89,21 @@ def main() -> int:
             continue
         funcs = kernels(res.stdout)
         print(f"{arch}: {len(funcs)} kernels in {os.path.basename(so)}")
+        tag = f"{len(namespace)}{namespace}"  # the Itanium-mangled namespace, e.g. 8portable
         matching = {n: t for n, t in funcs.items() if "decode_kernel" in n and tag in n}
-        if not matching:
-            failures.append(f"{arch}: no {tag} decode_kernel")
+        if len(matching) != 2:  # bf16 and fp16
+            failures.append(f"{arch}: expected the bf16 and fp16 {namespace} decode kernels, found {sorted(matching)}")
         for n, text in matching.items():
-            counts = {i: len(re.findall(pattern, text)) for i, pattern in required.items()}
+            counts = {i: len(re.findall(pattern, text)) for i, pattern in {**required, **forbidden}.items()}
             print(f"  {n[:70]}: " + ", ".join(f"{i} x{c}" for i, c in counts.items()))
-            failures += [f"{arch}: {n} has no {i}" for i, c in counts.items() if c == 0]
+            failures += [f"{arch}: {n} has no {i}" for i in required if counts[i] == 0]
+            failures += [f"{arch}: {n} has {i} (register spills)" for i in forbidden if counts[i] > 0]
+    res = subprocess.run([tool, "--list-ptx", so], capture_output=True, text=True)
+    ptx = re.findall(r"PTX file\s+\d+:\s+(\S+)\.(sm_\d+)\.ptx", res.stdout)
+    portable_ptx = sorted(f"{n}.{a}" for n, a in ptx if n in ("decode_bf16", "decode_fp16") and a == "sm_80")
+    print(f"compute_80 PTX of the portable kernel: {portable_ptx}")
+    if portable_ptx != ["decode_bf16.sm_80", "decode_fp16.sm_80"]:
+        failures.append(f"no compute_80 PTX of the portable kernel (cuobjdump --list-ptx: {res.stdout.strip()})")
     for f in failures:
         print("FAIL", f)
     return 1 if failures else 0

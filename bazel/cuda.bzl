@@ -1,8 +1,8 @@
 """cuda_objects: compiles .cu files with the local nvcc (no rules_cuda, which needs a download).
 
 Each source becomes one position-independent object file, compiled with the flags CMakeLists.txt
-uses (-std=c++17 -O3 --expt-relaxed-constexpr -lineinfo, one -gencode per real architecture, no
-PTX, whole-program compilation so no device link step). Put the target in a cc_library's srcs and
+uses (-std=c++17 -O3 --expt-relaxed-constexpr -lineinfo, one -gencode per real architecture, PTX
+for the `ptx` virtual architectures, whole-program compilation so no device link step). Put the target in a cc_library's srcs and
 link @jax_mla_cuda//:cudart_static next to it.
 """
 
@@ -25,6 +25,8 @@ def _cuda_objects_impl(ctx):
     ]
     for arch in ctx.attr.archs:
         common.append("--generate-code=arch=compute_{a},code=[sm_{a}]".format(a = arch))
+    for arch in ctx.attr.ptx:
+        common.append("--generate-code=arch=compute_{a},code=[compute_{a}]".format(a = arch))
     common += ["-D" + d for d in ctx.attr.defines]
     for c in contexts:
         common += ["-D" + d for d in c.defines.to_list()]
@@ -51,7 +53,8 @@ def _cuda_objects_impl(ctx):
             tools = cc_toolchain.all_files,
             outputs = [obj],
             mnemonic = "NvccCompile",
-            progress_message = "nvcc %s (%s)" % (src.short_path, ", ".join(["sm_" + a for a in ctx.attr.archs])),
+            progress_message = "nvcc %s (%s)" % (src.short_path, ", ".join(["sm_" + a for a in ctx.attr.archs] +
+                                                                          ["compute_" + a for a in ctx.attr.ptx])),
             # nvcc runs the host compiler and its own tools (cicc, ptxas, fatbinary) by absolute
             # path under the toolkit root; PATH is passed for the host compiler's helpers.
             use_default_shell_env = True,
@@ -69,6 +72,7 @@ cuda_objects = rule(
         "defines": attr.string_list(),
         "copts": attr.string_list(),
         "archs": attr.string_list(doc = "real architectures, e.g. 90a"),
+        "ptx": attr.string_list(doc = "virtual architectures embedded as PTX, e.g. 80"),
         "nvcc": attr.string(doc = "absolute path of nvcc (unused without srcs)"),
         "_cc_toolchain": attr.label(default = Label("@bazel_tools//tools/cpp:current_cc_toolchain")),
     },

@@ -14,7 +14,10 @@ Environment (pass with --repo_env=NAME=value, or export it before running bazel)
   JAX_MLA_XLA_FFI_INCLUDE_DIR directory holding xla/ffi/api/ffi.h (default: jaxlib's include dir)
   JAX_MLA_CUDA                AUTO (default: CUDA kernels when nvcc is found), ON (fail without
                               nvcc) or OFF (CPU only): the same switch as the CMake build.
-  JAX_MLA_CUDA_ARCHS          e.g. "90a;100a" (default: 90a, 100a, and 103a with nvcc >= 12.9)
+  JAX_MLA_CUDA_ARCHS          e.g. "80;90a;100a" (default: 80, 90a, 100a, 103a with nvcc >= 12.9 and
+                              120 with nvcc >= 12.8); which kernel each gets: CMakeLists.txt
+  JAX_MLA_CUDA_PTX            virtual architectures embedded as PTX for the portable and shared
+                              kernels (default "80"; "" for none)
   CUDA_PATH, CUDA_HOME        toolkit root (default: the toolkit of nvcc on PATH)
 """
 
@@ -201,7 +204,8 @@ def _cuda_impl(rctx):
 package(default_visibility = ["//visibility:public"])
 cc_library(name = "cudart_static")
 """.format(mode = mode))
-        rctx.file("defs.bzl", "HAS_CUDA = False\nNVCC = ''\nCUDA_VERSION = ''\nCUDA_ROOT = ''\nCUDA_ARCHS = []\n")
+        rctx.file("defs.bzl", "HAS_CUDA = False\nNVCC = ''\nCUDA_VERSION = ''\nCUDA_ROOT = ''\nCUDA_ARCHS = []\n" +
+                              "SM90_ARCHS = []\nSM100_ARCHS = []\nPORTABLE_ARCHS = []\nSHARED_ARCHS = []\nPTX_ARCHS = []\n")
         return
 
     root = _nvcc_root(rctx, nvcc)
@@ -222,11 +226,32 @@ cc_library(name = "cudart_static")
     if archs:
         archs = [a.strip().replace("-real", "") for a in archs.replace(",", ";").split(";") if a.strip()]
     else:
-        # CMakeLists.txt's defaults: arch-specific real targets only (wgmma / setmaxnreg exist
-        # only in sm_90a, tcgen05 only in sm_100a / sm_103a), no PTX.
-        archs = ["90a", "100a"]
+        # CMakeLists.txt's defaults: sm_80 (portable kernel, every 8.x GPU), the arch-specific
+        # targets of the SM90 / SM100 kernels (wgmma / setmaxnreg exist only in sm_90a, tcgen05
+        # only in sm_100a / sm_103a), and sm_120 for the portable kernel on 12.x.
+        archs = ["80", "90a", "100a"]
         if major > 12 or (major == 12 and minor >= 9):  # B300; nvcc >= 12.9
             archs.append("103a")
+        if major > 12 or (major == 12 and minor >= 8):  # RTX 50xx; nvcc >= 12.8
+            archs.append("120")
+    ptx = rctx.os.environ.get("JAX_MLA_CUDA_PTX", "80")
+    ptx = [a.strip() for a in ptx.replace(",", ";").split(";") if a.strip()]
+
+    # The same split as CMakeLists.txt: which kernel family is compiled for which architecture.
+    sm90, sm100, portable, shared = [], [], [], []
+    for a in archs:
+        if a.endswith("a"):
+            if a == "90a":
+                sm90.append(a)
+                portable.append("90")
+            elif a in ["100a", "103a"]:
+                sm100.append(a)
+        else:
+            portable.append(a)
+        if a not in shared:
+            shared.append(a)
+    if not portable and not ptx:
+        fail("jax_mla: JAX_MLA_CUDA_ARCHS / JAX_MLA_CUDA_PTX give the portable kernel no architecture")
 
     lib = None
     for d in ["lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"]:
@@ -256,11 +281,17 @@ NVCC = {nvcc}
 CUDA_ROOT = {root}
 CUDA_VERSION = {version}
 CUDA_ARCHS = {archs}
-""".format(nvcc = repr(nvcc), root = repr(root), version = repr(version), archs = repr(archs)))
+SM90_ARCHS = {sm90}
+SM100_ARCHS = {sm100}
+PORTABLE_ARCHS = {portable}
+SHARED_ARCHS = {shared}
+PTX_ARCHS = {ptx}
+""".format(nvcc = repr(nvcc), root = repr(root), version = repr(version), archs = repr(archs),
+           sm90 = repr(sm90), sm100 = repr(sm100), portable = repr(portable), shared = repr(shared), ptx = repr(ptx)))
 
 jax_mla_cuda_repository = repository_rule(
     implementation = _cuda_impl,
-    environ = ["JAX_MLA_CUDA", "JAX_MLA_CUDA_ARCHS", "CUDA_PATH", "CUDA_HOME", "PATH"],
+    environ = ["JAX_MLA_CUDA", "JAX_MLA_CUDA_ARCHS", "JAX_MLA_CUDA_PTX", "CUDA_PATH", "CUDA_HOME", "PATH"],
     local = True,
 )
 

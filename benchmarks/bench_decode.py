@@ -9,7 +9,10 @@ and shared by its calls (as a model's layers share it); --schedule-per-call plan
 Unless --no-graphs, XLA command buffers are asked to capture the step into a CUDA graph; the last
 line reports how many decode calls were actually traced into one (_ext.cuda_call_stats()).
 
-Usage: python benchmarks/bench_decode.py [--only NAME] [--xla] [--json out.json]
+Usage: python benchmarks/bench_decode.py [--only NAME] [--xla] [--kernel portable] [--json out.json]
+
+--kernel times a forced CUDA kernel (mla_decode's kernel= argument: auto, sm90, sm100, portable);
+the table and the JSON record it, with jax_mla.kernel_info() of the device.
 """
 
 from __future__ import annotations
@@ -107,6 +110,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-ceilings", action="store_true")
+    ap.add_argument("--kernel", default="auto", choices=["auto", "sm90", "sm100", "portable"],
+                    help="CUDA kernel to time (mla_decode's kernel= argument)")
     args = ap.parse_args()
     _setup_xla_flags(not args.no_graphs)
 
@@ -119,6 +124,8 @@ def main() -> int:
 
     backend = jax.default_backend()
     print(f"# jax {jax.__version__}, backend {backend}, device {jax.devices()[0].device_kind}", flush=True)
+    info = jax_mla.kernel_info()
+    print(f"# kernel={args.kernel!r}; kernel_info: {info}", flush=True)
     copy_gbps, mm_tflops = COPY_GBPS, MATMUL_TFLOPS
     if backend == "gpu" and not args.no_ceilings:
         copy_gbps, mm_tflops = measure_ceilings()
@@ -150,14 +157,15 @@ def main() -> int:
             return jax.jit(step)
 
         op = lambda q, c, t, s, sched=None: jax_mla.mla_decode(q, c, t, s, causal=cfg.causal,  # noqa: E731
-                                                               schedule=sched)
+                                                               schedule=sched, kernel=args.kernel)
         # Sanity: one call against the reference (a benchmark of a wrong kernel is worthless).
         out = jax.jit(op)(q, cache, tables[0], seq_lens)
         ref, _ = reference.mla_decode_reference(q, cache, tables[0], seq_lens, causal=cfg.causal,
                                                 out_dtype=jnp.float32)
         err = float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
         us = time_step(make_step(op), (q, cache, tables, seq_lens), args.repeats, calls)
-        row = dict(name=cfg.name, impl="jax_mla", us=us, rel_err=err, calls=calls, sets=num_sets)
+        impl = "jax_mla" if args.kernel == "auto" else f"jax_mla[{args.kernel}]"
+        row = dict(name=cfg.name, impl=impl, kernel=args.kernel, us=us, rel_err=err, calls=calls, sets=num_sets)
         rows.append(row)
         if args.xla:
             xla_op = lambda q, c, t, s: reference.mla_decode_reference(q, c, t, s, causal=cfg.causal)[0]  # noqa
@@ -176,21 +184,23 @@ def main() -> int:
             r["pct_bw"] = 100 * r["gbps"] / copy_gbps
             r["pct_mm"] = 100 * r["tflops"] / mm_tflops
             r["vs_best"] = r["us"] / cfg.best_graph_us
-            print(f"# {r['name']:<26} {r['impl']:<9} {r['us']:9.1f} us  err {r['rel_err']:.2e}", flush=True)
+            print(f"# {r['name']:<26} {r['impl']:<18} {r['us']:9.1f} us  err {r['rel_err']:.2e}", flush=True)
         del q, cache, tables, seq_lens
 
     print()
-    print(f"{'config':<26} {'impl':<9} {'us':>8} {'GB/s':>7} {'TFLOP/s':>8} {'%copy':>6} {'%mm':>5} "
+    print(f"{'config':<26} {'impl':<18} {'us':>8} {'GB/s':>7} {'TFLOP/s':>8} {'%copy':>6} {'%mm':>5} "
           f"{'x best':>7} {'relerr':>8}")
     for r in rows:
-        print(f"{r['name']:<26} {r['impl']:<9} {r['us']:8.1f} {r['gbps']:7.0f} {r['tflops']:8.1f} "
+        print(f"{r['name']:<26} {r['impl']:<18} {r['us']:8.1f} {r['gbps']:7.0f} {r['tflops']:8.1f} "
               f"{r['pct_bw']:6.1f} {r['pct_mm']:5.1f} {r['vs_best']:7.2f} {r['rel_err']:8.1e}")
     print("x best = our back-to-back time / FlashMLA's back-to-back graph-replay time (facts file); < 1 is faster.")
     if backend == "gpu":
         print(f"# CUDA handler: {jax_mla._ext.cuda_call_stats()}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(copy_gbps=copy_gbps, matmul_tflops=mm_tflops, rows=rows), f, indent=1)
+            json.dump(dict(copy_gbps=copy_gbps, matmul_tflops=mm_tflops, kernel=args.kernel,
+                           kernel_info={k: list(v) if isinstance(v, tuple) else v for k, v in info.items()},
+                           rows=rows), f, indent=1)
     return 0
 
 

@@ -55,7 +55,7 @@ timeout 120 python3 tests/gpu_sanitize_cases.py || { echo "smoke test failed or 
 
 run_tests() {
   echo "== GPU tests"
-  timeout "${TESTS_TIMEOUT:-300}" python3 -P -m pytest -q -m gpu -p no:cacheprovider ${TESTS_ARGS:-} tests 2>&1 | tee "$OUT/tests.log" | tail -40
+  timeout "${TESTS_TIMEOUT:-540}" python3 -P -m pytest -q -m gpu -p no:cacheprovider ${TESTS_ARGS:-} tests 2>&1 | tee "$OUT/tests.log" | tail -40
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 

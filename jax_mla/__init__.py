@@ -2,18 +2,19 @@
 
 Public API:
   mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal=False,
-             return_lse=False, schedule=None)
+             return_lse=False, schedule=None, kernel="auto")
   decode_schedule(seq_lens, *, num_heads, seq_q=1, num_parts=None)
   update_kv_cache(kv_cache, new_latent, block_table, positions)
                              write new tokens' latent rows into the paged cache (in place if donated)
   export_disabled_checks()   jax.export DisabledSafetyCheck list for jax_mla's custom calls
+  kernel_info(device=None)   which CUDA kernel mla_decode(kernel="auto") runs on a device
   reference                  module with mla_decode_reference (plain jax.numpy)
 """
 
 from importlib import metadata as _metadata
 
 from . import reference
-from ._api import decode_schedule, mla_decode
+from ._api import decode_schedule, kernel_info, mla_decode
 from ._cache import update_kv_cache
 from .export import export_disabled_checks
 
@@ -22,5 +23,5 @@ try:
 except _metadata.PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0+unknown"
 
-__all__ = ["mla_decode", "decode_schedule", "update_kv_cache", "export_disabled_checks", "reference",
-           "__version__"]
+__all__ = ["mla_decode", "decode_schedule", "update_kv_cache", "export_disabled_checks", "kernel_info",
+           "reference", "__version__"]

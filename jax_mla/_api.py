@@ -37,7 +37,7 @@ def _as_array(x: Any) -> Any:
 
 
 def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal=False,
-               return_lse=False, schedule=None):
+               return_lse=False, schedule=None, kernel="auto"):
     """Multi-head latent attention decode over a paged latent KV cache.
 
     Args:
@@ -55,6 +55,13 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal
       return_lse: also return the log-sum-exp of the scaled scores.
       schedule: optional split-KV schedule from decode_schedule(seq_lens, ...) for the same
         seq_lens, to share one plan across layers; computed inside the op when None.
+      kernel: static str, which CUDA kernel runs the call: "auto" (default), "sm90", "sm100" or
+        "portable". "auto" honours the environment variable JAX_MLA_KERNEL (same values) and
+        otherwise picks by compute capability: sm90 on 9.0, sm100 on 10.0 / 10.3 once it passed a
+        one-time self-check against the portable kernel (else portable, with a warning), portable
+        on any other GPU of compute capability >= 8.0. Asking for a kernel the GPU (or the build)
+        cannot run fails the call with an error naming both. Validated, then ignored, on the CPU.
+        kernel_info() says what "auto" picks on a device.
 
     Returns:
       out (b, s_q, h_q, 512) in q's dtype, and with return_lse also lse (b, s_q, h_q) float32
@@ -80,6 +87,7 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal
         _validate.HEAD_DIM_QK ** -0.5 if softmax_scale is None else softmax_scale)
     causal = _validate.check_bool("causal", causal)
     return_lse = _validate.check_bool("return_lse", return_lse)
+    kernel = _validate.check_kernel(kernel)
     given_parts = None
     if schedule is not None:
         schedule = _as_array(schedule)
@@ -96,7 +104,8 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal
         else:
             num_parts = given_parts
         return mla_decode_p.bind(q, kv_cache, block_table, seq_lens, schedule,
-                                 softmax_scale=scale, causal=causal, num_parts=num_parts)
+                                 softmax_scale=scale, causal=causal, num_parts=num_parts,
+                                 kernel=kernel)
 
     plan = _sharding.plan(q, kv_cache, block_table, seq_lens)
     args = [jnp.asarray(x) for x in (q, kv_cache, block_table, seq_lens)]
@@ -135,3 +144,34 @@ def decode_schedule(seq_lens, *, num_heads, seq_q=1, num_parts=None):
         num_parts = default_num_parts(seq_q, num_heads)
     num_parts = _validate.check_num_parts(num_parts, b)
     return mla_decode_schedule_p.bind(jnp.asarray(seq_lens), num_parts=num_parts)
+
+
+def kernel_info(device=None) -> dict:
+    """Which decode kernel mla_decode(..., kernel="auto") runs on a device.
+
+    Args:
+      device: a jax Device; default jax.devices()[0].
+
+    Returns a dict. For a CUDA device (its first call here initializes it for jax_mla exactly as
+    the first mla_decode would, running the self-check where the automatic choice needs one):
+      platform "cuda", device (str), compute_capability (major, minor), kernel ("sm90", "sm100" or
+      "portable": what "auto" picks, after JAX_MLA_KERNEL and the self-check), fell_back (auto took
+      portable because the candidate failed its self-check), self_check ("not run", "passed",
+      "failed"), self_check_kernel (the kernel checked, "" if none), self_check_detail (why it
+      failed), env_kernel / env_self_check (JAX_MLA_KERNEL / JAX_MLA_SELFCHECK as this process read
+      them; both are read once, at the first GPU initialization), built (the GPU kernels in this build).
+    For a CPU device: platform "cpu", device, kernel "cpu", built.
+    Raises RuntimeError when jax_mla cannot run on that GPU (compute capability below 8.0, an
+    invalid JAX_MLA_KERNEL or JAX_MLA_SELFCHECK, or a build without CUDA).
+    """
+    import jax
+
+    device = jax.devices()[0] if device is None else device
+    built = list(_lowering._ext.built_kernels())
+    if device.platform == "cpu":
+        return dict(platform="cpu", device=str(device), kernel="cpu", built=built)
+    if device.platform not in ("gpu", "cuda"):
+        raise RuntimeError(f"kernel_info: jax_mla has no kernel for platform {device.platform!r}")
+    ordinal = getattr(device, "local_hardware_id", None)
+    info = dict(_lowering._ext.kernel_info(int(device.id if ordinal is None else ordinal)))
+    return dict(platform="cuda", device=str(device), built=built, **info)

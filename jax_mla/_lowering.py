@@ -3,7 +3,8 @@
 Targets and their buffer order are the contract of docs/design.md ("FFI targets"):
 
   jax_mla_decode(q, kv_cache, block_table, seq_lens, schedule)
-      -> out, lse [, workspace u8 on CUDA]; attrs softmax_scale f32, causal bool, num_parts i32
+      -> out, lse [, workspace u8 on CUDA]; attrs softmax_scale f32, causal bool, num_parts i32,
+         kernel i32 (_validate.KERNELS; the CPU handler checks it and ignores it)
   jax_mla_decode_schedule(seq_lens) -> schedule; attrs num_parts i32
 
 The handlers come from the extension module (`_ext.registrations()`), registered once at import.
@@ -58,20 +59,20 @@ _decode_ffi = jax.ffi.ffi_lowering(DECODE_TARGET)
 _schedule_ffi = jax.ffi.ffi_lowering(SCHEDULE_TARGET)
 
 
-def _decode_attrs(softmax_scale, causal, num_parts):
+def _decode_attrs(softmax_scale, causal, num_parts, kernel):
     # Python floats become f64 attributes: the handlers decode Attr<float>, so pass float32.
     return dict(softmax_scale=np.float32(softmax_scale), causal=bool(causal),
-                num_parts=np.int32(num_parts))
+                num_parts=np.int32(num_parts), kernel=np.int32(_validate.KERNELS[kernel]))
 
 
 def _decode_lowering_cpu(ctx, q, kv_cache, block_table, seq_lens, schedule, *, softmax_scale,
-                         causal, num_parts):
+                         causal, num_parts, kernel):
     return _decode_ffi(ctx, q, kv_cache, block_table, seq_lens, schedule,
-                       **_decode_attrs(softmax_scale, causal, num_parts))
+                       **_decode_attrs(softmax_scale, causal, num_parts, kernel))
 
 
 def _decode_lowering_cuda(ctx, q, kv_cache, block_table, seq_lens, schedule, *, softmax_scale,
-                          causal, num_parts):
+                          causal, num_parts, kernel):
     # The CUDA handler receives its scratch memory (schedule, partial O and LSE) as an extra
     # result, so that it allocates nothing at run time (CUDA-graph safe). The primitive does not
     # expose it: lower with one more result and drop it.
@@ -80,7 +81,7 @@ def _decode_lowering_cuda(ctx, q, kv_cache, block_table, seq_lens, schedule, *, 
     workspace = jax.core.ShapedArray((int(_ext.workspace_bytes(b, s_q * h_q, num_parts)),), np.uint8)
     ctx_ws = ctx.replace(avals_out=[*ctx.avals_out, workspace])
     results = _decode_ffi(ctx_ws, q, kv_cache, block_table, seq_lens, schedule,
-                          **_decode_attrs(softmax_scale, causal, num_parts))
+                          **_decode_attrs(softmax_scale, causal, num_parts, kernel))
     return list(results)[:2]
 
 

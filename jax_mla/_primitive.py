@@ -1,10 +1,11 @@
 """The two JAX primitives of jax_mla and their platform-independent rules.
 
-mla_decode_p(q, kv_cache, block_table, seq_lens, schedule; softmax_scale, causal, num_parts)
+mla_decode_p(q, kv_cache, block_table, seq_lens, schedule; softmax_scale, causal, num_parts, kernel)
     -> (out, lse)
   q (b, s_q, h_q, 576) bf16|f16, kv_cache (P, page, 576) same dtype, block_table (b, M) int32,
   seq_lens (b,) int32, schedule int32 of shape (0,) [computed in the op] or
-  (schedule_size(b, num_parts),) [from mla_decode_schedule_p]. Params are static Python values.
+  (schedule_size(b, num_parts),) [from mla_decode_schedule_p]. Params are static Python values;
+  kernel is "auto", "sm90", "sm100" or "portable" (which CUDA kernel; the CPU lowering ignores it).
   out (b, s_q, h_q, 512) q's dtype, lse (b, s_q, h_q) float32.
 
 mla_decode_schedule_p(seq_lens; num_parts) -> schedule (schedule_size(b, num_parts),) int32.
@@ -35,7 +36,7 @@ mla_decode_schedule_p = Primitive("mla_decode_schedule")
 
 
 def _decode_abstract_eval(q, kv_cache, block_table, seq_lens, schedule, *, softmax_scale, causal,
-                          num_parts):
+                          num_parts, kernel):
     dims = _validate.check_decode_operands(q, kv_cache, block_table, seq_lens)
     if len(kv_cache.shape) != 3:
         raise ValueError(
@@ -43,6 +44,7 @@ def _decode_abstract_eval(q, kv_cache, block_table, seq_lens, schedule, *, softm
             f"{_validate.HEAD_DIM_QK}), got shape {tuple(kv_cache.shape)}")
     _validate.check_softmax_scale(softmax_scale)
     _validate.check_bool("causal", causal)
+    _validate.check_kernel(kernel)
     _validate.check_num_parts(num_parts, dims.batch, where="mla_decode")
     _validate.check_schedule_operand(schedule, dims.batch, num_parts, where="mla_decode")
     b, s_q, h_q = dims.batch, dims.seq_q, dims.heads_q
@@ -77,7 +79,7 @@ def _to_front(x, bdim, size):
     return jnp.moveaxis(x, bdim, 0)
 
 
-def _decode_batch(args, bdims, *, softmax_scale, causal, num_parts):
+def _decode_batch(args, bdims, *, softmax_scale, causal, num_parts, kernel):
     q, kv_cache, block_table, seq_lens, _schedule = args
     q_d, kv_d, bt_d, sl_d, _ = bdims
     size = next(x.shape[d] for x, d in zip(args, bdims) if d is not None)
@@ -110,7 +112,8 @@ def _decode_batch(args, bdims, *, softmax_scale, causal, num_parts):
     # schedule is dropped and the op computes one (same num_parts).
     schedule = jnp.zeros((0,), jnp.int32)
     out, lse = mla_decode_p.bind(q, kv_cache, block_table, seq_lens, schedule,
-                                 softmax_scale=softmax_scale, causal=causal, num_parts=num_parts)
+                                 softmax_scale=softmax_scale, causal=causal, num_parts=num_parts,
+                                 kernel=kernel)
     out = out.reshape((v, b) + out.shape[1:])
     lse = lse.reshape((v, b) + lse.shape[1:])
     return (out, lse), (0, 0)

@@ -30,6 +30,9 @@ MAX_GPU_PAGE_SIZE = 256
 PART_FIELDS = 8  # int32 fields per part in the schedule (cuda/common/scheduler.h)
 COMBINE_HEADER = 2  # int32 header of the schedule's combine list (count, many-split count)
 MANY_SPLITS = 8  # requests with more splits are listed first in the combine list
+# Values of jax_mla_decode's int32 attribute "kernel" (cuda/ffi/kernel_select.h, _ext.KERNELS).
+KERNELS = {"auto": 0, "sm90": 1, "sm100": 2, "portable": 3}
+_KERNEL_CHOICES = ", ".join(repr(k) for k in KERNELS)
 _INT32_MAX = 2**31 - 1
 
 _FLOAT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(np.float16))
@@ -236,6 +239,16 @@ def check_bool(name: str, value: Any, where: str = "mla_decode") -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{where}: {name} must be a Python bool, got {type(value).__name__}")
     return bool(value)
+
+
+def check_kernel(kernel: Any, where: str = "mla_decode") -> str:
+    """The static `kernel` argument: which CUDA kernel to run (ignored on the CPU)."""
+    if not isinstance(kernel, str):
+        raise TypeError(f"{where}: kernel must be a str, one of {_KERNEL_CHOICES}, "
+                        f"got {type(kernel).__name__}")
+    if kernel not in KERNELS:
+        raise ValueError(f"{where}: kernel must be one of {_KERNEL_CHOICES}, got {kernel!r}")
+    return kernel
 
 
 def check_num_parts(num_parts: Any, batch: int, where: str = "decode_schedule") -> int:

@@ -1,6 +1,7 @@
 """A few small GPU cases run as a plain script: the smoke test of benchmarks/device_run.sh and the
 program compute-sanitizer (memcheck, racecheck) runs. Not collected by pytest (no test_ prefix).
-Exits non-zero when a result differs from the reference."""
+Each case runs with kernel="auto" and with the portable kernel forced. Exits non-zero when a result
+differs from the reference."""
 
 from __future__ import annotations
 
@@ -35,16 +36,17 @@ def main() -> int:
     for case in SMALL:
         data = cases.make(case)
         args = [jax.device_put(x, gpu) for x in data.args]
-        out, lse = jax_mla.mla_decode(*args, causal=case.causal, return_lse=True)
-        out, lse = np.asarray(out), np.asarray(lse)
         with jax.default_device(jax.devices("cpu")[0]):
             ref_out, ref_lse = cases.reference(data)
-        try:
-            cases.assert_close_rel_l2(out, lse, ref_out, ref_lse, out_tol=1e-2, lse_tol=1e-3)
-            print("ok  ", case.id, flush=True)
-        except AssertionError as e:
-            bad += 1
-            print("FAIL", case.id, str(e)[:400], flush=True)
+        for kernel in ("auto", "portable"):
+            out, lse = jax_mla.mla_decode(*args, causal=case.causal, return_lse=True, kernel=kernel)
+            out, lse = np.asarray(out), np.asarray(lse)
+            try:
+                cases.assert_close_rel_l2(out, lse, ref_out, ref_lse, out_tol=1e-2, lse_tol=1e-3)
+                print("ok  ", kernel, case.id, flush=True)
+            except AssertionError as e:
+                bad += 1
+                print("FAIL", kernel, case.id, str(e)[:400], flush=True)
     return 1 if bad else 0
 
 

@@ -21,12 +21,13 @@ NO_SCHEDULE = np.zeros((0,), np.int32)
 
 
 def ffi_decode(q, kv_cache, block_table, seq_lens, schedule=NO_SCHEDULE, *, softmax_scale=576**-0.5,
-               causal=False, num_parts=4):
+               causal=False, num_parts=4, kernel=0):
     b, s_q, h_q, _ = q.shape
     results = (jax.ShapeDtypeStruct((b, s_q, h_q, 512), q.dtype), jax.ShapeDtypeStruct((b, s_q, h_q), jnp.float32))
     out, lse = jax.ffi.ffi_call("jax_mla_decode", results)(
         q, kv_cache, block_table, seq_lens, schedule,
-        softmax_scale=np.float32(softmax_scale), causal=bool(causal), num_parts=np.int32(num_parts))
+        softmax_scale=np.float32(softmax_scale), causal=bool(causal), num_parts=np.int32(num_parts),
+        kernel=np.int32(kernel))
     return np.asarray(out), np.asarray(lse)
 
 
@@ -160,18 +161,30 @@ def test_masked_nan_does_not_leak():
          "schedule does not match seq_lens"),
         (lambda a: a.update(schedule=np.zeros(3, np.int32)), "schedule must have shape (0,) or (schedule_size(b=2"),
         (lambda a: a.update(num_parts=0), "num_parts must be >= 1"),
+        (lambda a: a.update(kernel=4),
+         "kernel must be one of 'auto', 'sm90', 'sm100', 'portable' (attribute values 0 to 3), got 4"),
+        (lambda a: a.update(kernel=-1), "(attribute values 0 to 3), got -1"),
         (lambda a: a.update(kv_cache=a["kv_cache"].astype(np.float16)), "kv_cache dtype float16 differs from q"),
         (lambda a: a.update(block_table=a["block_table"][:1]), "block_table must have shape (b, max_pages)"),
     ],
 )
 def test_runtime_errors(change, message):
     q, kv, table, lens = make_inputs(2, 2, 1, 16, 256, [100, 300], ml_dtypes.bfloat16)
-    args = dict(q=q, kv_cache=kv, block_table=table, seq_lens=lens, schedule=NO_SCHEDULE, num_parts=4)
+    args = dict(q=q, kv_cache=kv, block_table=table, seq_lens=lens, schedule=NO_SCHEDULE, num_parts=4, kernel=0)
     change(args)
-    num_parts = args.pop("num_parts")
+    attrs = dict(num_parts=args.pop("num_parts"), kernel=args.pop("kernel"))
     with pytest.raises(Exception, match="jax_mla_decode: ") as info:
-        ffi_decode(**args, num_parts=num_parts)
+        ffi_decode(**args, **attrs)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("kernel", sorted(_ext.KERNELS.values()))
+def test_cpu_handler_accepts_and_ignores_every_kernel(kernel):
+    q, kv, table, lens = make_inputs(5, 2, 2, 16, 64, [100, 3], ml_dtypes.bfloat16)
+    want = ffi_decode(q, kv, table, lens, causal=True)
+    got = ffi_decode(q, kv, table, lens, causal=True, kernel=kernel)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
 
 
 def test_unread_block_table_entries_are_ignored():

@@ -236,6 +236,7 @@ def test_cuda_lowering_on_cpu_machine():
     assert re.search(rf"-> \(tensor<{b}x{s_q}x{h_q}x512xbf16>, tensor<{b}x{s_q}x{h_q}xf32>, "
                      rf"tensor<{ws}xui8>\)", call), call
     assert "causal = true" in call and re.search(r"softmax_scale = [0-9.e+-]+ : f32", call)
+    assert "kernel = 0 : i32" in call  # "auto"
     sched_text = lowered_text("cuda", data.seq_lens,
                               fn=lambda sl: jax_mla.decode_schedule(sl, num_heads=16))
     assert "@jax_mla_decode_schedule(" in sched_text
@@ -261,3 +262,29 @@ def test_cuda_lowering_rejects_unsupported_page_size(page):
 def test_cuda_lowering_accepts_gpu_page_sizes(page):
     data = cases.make(BASE.replace(page_size=page, seed=321))
     assert "@jax_mla_decode(" in lowered_text("cuda", *data.args)
+
+
+@pytest.mark.parametrize("kernel, attr", sorted(_ext.KERNELS.items()))
+def test_kernel_argument_reaches_the_custom_call(kernel, attr):
+    """The static kernel argument is the int32 attribute "kernel" of both lowerings, under jit,
+    vmap (folded into the batch) and in an exported module."""
+    data = INSTANCES[0]
+
+    def fn(q, kv, bt, sl):
+        return jax_mla.mla_decode(q, kv, bt, sl, causal=True, return_lse=True, kernel=kernel)
+
+    def attrs(text):
+        return re.findall(r"kernel = (-?\d+) : i32", "\n".join(
+            ln for ln in text.splitlines() if "@jax_mla_decode(" in ln))
+
+    for platform in ("cuda", "cpu"):
+        assert attrs(lowered_text(platform, *data.args, fn=fn)) == [str(attr)]
+        stacked = stack(INSTANCES)
+        assert attrs(lowered_text(platform, *stacked, fn=jax.vmap(fn))) == [str(attr)]
+    exp = jax.export.export(jax.jit(fn), platforms=("cpu", "cuda"),
+                            disabled_checks=jax_mla.export_disabled_checks())(*data.args)
+    assert attrs(exp.mlir_module()) == [str(attr)] * 2  # one custom call per platform branch
+    got = jax.export.deserialize(exp.serialize()).call(*data.args)  # runs on the CPU
+    want = fn(*data.args)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

@@ -241,7 +241,10 @@ def test_primitive_bound_directly_is_checked_too():
     with pytest.raises(ValueError, match="kv_cache must have last dimension 576"):
         mla_decode_p.bind(jnp.asarray(q), jnp.zeros((10, 64, 512), BF16), jnp.asarray(bt),
                           jnp.asarray(sl), jnp.zeros((0,), jnp.int32), softmax_scale=0.1,
-                          causal=False, num_parts=4)
+                          causal=False, num_parts=4, kernel="auto")
     with pytest.raises(ValueError, match="schedule"):
         mla_decode_p.bind(*(jnp.asarray(x) for x in (q, kv, bt, sl)), jnp.zeros((5,), jnp.int32),
-                          softmax_scale=0.1, causal=False, num_parts=4)
+                          softmax_scale=0.1, causal=False, num_parts=4, kernel="auto")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        mla_decode_p.bind(*(jnp.asarray(x) for x in (q, kv, bt, sl)), jnp.zeros((0,), jnp.int32),
+                          softmax_scale=0.1, causal=False, num_parts=4, kernel="sm80")

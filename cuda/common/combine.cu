@@ -337,10 +337,10 @@ int64_t combine_grid(const DecodeParams& p, int sm_count) {
 
 }  // namespace
 
-cudaError_t launch_combine(const DecodeParams& p, int sm_count, cudaStream_t stream) {
+cudaError_t launch_combine(const DecodeParams& p, int sm_count, bool programmatic, cudaStream_t stream) {
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = pdl_launch_config(dim3(static_cast<unsigned>(combine_grid(p, sm_count))),
-                                                   dim3(kCombineThreads), 0, stream, &attr);
+                                                   dim3(kCombineThreads), 0, stream, &attr, programmatic);
   if (p.dtype == DType::kBF16) return cudaLaunchKernelEx(&cfg, combine_kernel<__nv_bfloat16>, p);
   return cudaLaunchKernelEx(&cfg, combine_kernel<__half>, p);
 }

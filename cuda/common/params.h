@@ -26,8 +26,10 @@ struct DecodeParams {
   bool causal;          // query token t sees positions < seq_len - s_q + t + 1
 
   // Launch policy (set by the CUDA handler): row blocks of one part that share each KV tile in a
-  // thread-block cluster (1 = no cluster). Used by kernels that support it (SM90).
+  // thread-block cluster (1 = no cluster; used by kernels that support it, SM90), and the device's
+  // SM count for sizing persistent grids (0: unknown, the launchers assume 132).
   int cluster_row_blocks = 1;
+  int sm_count = 0;
 
   // Inputs (device or host pointers, per platform).
   const void* q;                // (b, s_q, h_q, 576)       row-major

@@ -1,6 +1,6 @@
 // Thin wrappers over the PTX instructions the SM90 and SM100 decode kernels share:
 // mbarriers, bulk tensor copies (TMA), proxy fences, named barriers, programmatic dependent
-// launch. Raw PTX rather than CuTe: the decode kernels need exactly these few instructions,
+// launch (also used by the shared scheduler and combine kernels, which run on every architecture). Raw PTX rather than CuTe: the decode kernels need exactly these few instructions,
 // and spelling them out keeps each one's semantics visible where it is used.
 #pragma once
 
@@ -140,13 +140,20 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int num_threads) {
 
 // Waits until the preceding grid (launched before this one on the stream) has completed and its
 // memory is visible. A no-op when the kernel was launched without the PDL attribute.
+// PDL exists from SM90 on. Code compiled for older architectures (the shared kernels' sm_80 cubin
+// and compute_80 PTX) has no griddepcontrol; the handlers launch it in plain stream order
+// (programmatic = false in launch.h), where the wait has nothing to wait for.
 __device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
 
 // Lets the next grid on the stream start launching (it still waits in grid_dependency_wait).
 __device__ __forceinline__ void grid_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 // ---- register budget (sm_90a and later) -------------------------------------------------------

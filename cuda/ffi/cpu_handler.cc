@@ -55,13 +55,15 @@ ffi::Error decode_cpu_impl(ffi::AnyBuffer q,            // (b, s_q, h_q, 576) bf
                            ffi::AnyBuffer schedule,     // (0,) or (schedule_size(b, num_parts),) s32
                            ffi::Result<ffi::AnyBuffer> out,  // (b, s_q, h_q, 512) q's dtype
                            ffi::Result<ffi::AnyBuffer> lse,  // (b, s_q, h_q) f32
-                           float softmax_scale, bool causal, int32_t num_parts) {
+                           float softmax_scale, bool causal, int32_t num_parts,
+                           int32_t kernel) {  // which GPU kernel: validated, then ignored here
   DecodeParams p;
   if (ffi::Error e = ffi_args::check_decode(q, kv_cache, block_table, seq_lens, schedule, *out, *lse, softmax_scale,
                                             causal, num_parts, &p);
       e.failure()) {
     return e;
   }
+  if (ffi::Error e = ffi_args::check_kernel(kernel); e.failure()) return e;
   if (p.batch == 0) return ffi::Error::Success();
   if (ffi::Error e = check_requests(p); e.failure()) return e;
 
@@ -126,7 +128,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MlaDecodeCpu, jax_mla::decode_cpu_impl,
                                   .Ret<ffi::AnyBuffer>()  // lse
                                   .Attr<float>("softmax_scale")
                                   .Attr<bool>("causal")
-                                  .Attr<int32_t>("num_parts"));
+                                  .Attr<int32_t>("num_parts")
+                                  .Attr<int32_t>("kernel"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MlaDecodeScheduleCpu, jax_mla::decode_schedule_cpu_impl,
                               ffi::Ffi::Bind()

@@ -2,27 +2,40 @@
 //
 // Graph (XLA command buffer) compatibility: the execute stage allocates nothing (the split-KV
 // scratch and the in-op schedule live in the `workspace` result XLA allocates), never synchronises
-// the stream (it only asks whether the stream is capturing, which capture permits, to count it),
-// and reads device properties cached by the initialize stage.
+// the stream (it only asks whether the stream is capturing, which capture permits, to count it:
+// cuda_call_stats), and reads device state cached by the initialize stage.
+//
+// Kernel choice (ffi/kernel_select.h): the `kernel` attribute, then JAX_MLA_KERNEL, then the
+// automatic choice by compute capability. The initialize stage sets up every kernel the device can
+// run and, once per device, runs the self-check that the automatic choice needs (sm100 on 10.x, or
+// sm90 on 9.0 with JAX_MLA_SELFCHECK=force|fault) -- it allocates and synchronises its own stream,
+// which the execute stage never does. JAX_MLA_KERNEL and JAX_MLA_SELFCHECK are read once per
+// process, at the first initialization.
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <array>
 #include <atomic>
-#include <cstdlib>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "common/launch.h"
 #include "common/params.h"
 #include "common/scheduler.h"
-#include "common/tensor_map.h"
 #include "common/workspace.h"
 #include "decode_args.h"
-#include "device_query.h"
+#include "ffi/decode_launch.h"
+#include "ffi/device_query.h"
+#include "ffi/kernel_info.h"
+#include "ffi/kernel_select.h"
+#include "ffi/self_check.h"
 #include "handlers.h"
+#ifdef JAX_MLA_HAVE_SM90
 #include "sm90/launch.h"
+#endif
 
 namespace ffi = ::xla::ffi;
 
@@ -32,10 +45,13 @@ namespace {
 using ffi_args::invalid_argument;
 
 struct DeviceInfo {
-  bool ready = false;
+  std::atomic<bool> ready{false};  // set last, after everything below (release / acquire)
   int sm_count = 0;
   int cc_major = 0, cc_minor = 0;
-  int sm90_cluster_row_blocks = 1;  // launch policy of the SM90 kernel (DecodeParams::cluster_row_blocks)
+  SelfCheckOutcome self_check = SelfCheckOutcome::kNotRun;
+  Kernel self_check_kernel = Kernel::kAuto;  // the kernel that was checked (kAuto: none)
+  std::string self_check_detail;
+  int sm90_cluster_row_blocks = 1;  // SM90 launch policy (DecodeParams::cluster_row_blocks)
   int sm90_max_active_clusters = 0;
 };
 
@@ -46,46 +62,109 @@ std::mutex g_devices_mutex;
 std::atomic<long long> g_decode_calls{0};
 std::atomic<long long> g_decode_captured{0};
 
-// Whether the SM90 kernel uses row-block clusters by default (see InitializeImpl).
+// Whether the SM90 kernel uses row-block clusters by default (measured slower: docs/performance.md v5).
 constexpr bool kSm90ClusterDefault = false;
+
+// The environment as this process read it, once.
+struct ProcessEnv {
+  std::string kernel;      // JAX_MLA_KERNEL
+  std::string self_check;  // JAX_MLA_SELFCHECK
+  SelfCheckMode mode = SelfCheckMode::kDefault;
+  bool mode_valid = true;
+};
+
+const ProcessEnv& process_env() {
+  static const ProcessEnv env = [] {
+    ProcessEnv e;
+    const char* k = std::getenv("JAX_MLA_KERNEL");
+    const char* c = std::getenv("JAX_MLA_SELFCHECK");
+    e.kernel = k ? k : "";
+    e.self_check = c ? c : "";
+    e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
+    return e;
+  }();
+  return env;
+}
 
 ffi::Error cuda_error(const char* what, cudaError_t err) {
   return ffi::Error(ffi::ErrorCode::kInternal,
                     std::string("jax_mla: ") + what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
 }
 
-// Initialize stage: once per device, read its properties and raise the kernels' shared-memory limits.
-ffi::Error InitializeImpl() {
-  int device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return cuda_error("cudaGetDevice", e);
-  if (device < 0 || device >= kMaxDevices) {
-    return ffi::Error(ffi::ErrorCode::kUnimplemented, "jax_mla: device ordinal above 63 is not supported");
-  }
-  std::lock_guard<std::mutex> lock(g_devices_mutex);
+// Once per device: properties, kernel setup, and the self-check auto needs. Under the mutex.
+ffi::Error init_device_locked(int device) {
   DeviceInfo& info = g_devices[device];
-  if (info.ready) return ffi::Error::Success();
+  if (info.ready.load(std::memory_order_acquire)) return ffi::Error::Success();
+  const ProcessEnv& env = process_env();
+  if (!env.mode_valid) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_mla: " + self_check_env_error(env.self_check.c_str()));
+  }
   cudaDeviceProp prop;
   if (cudaError_t e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess) {
     return cuda_error("cudaGetDeviceProperties", e);
+  }
+  if (prop.major < 8) {
+    return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                      "jax_mla: no CUDA kernel for compute capability " + compute_capability_string(prop.major, prop.minor) +
+                          " (CUDA device " + std::to_string(device) + "): jax_mla's GPU kernels need 8.0 or newer");
   }
   info.sm_count = prop.multiProcessorCount;
   info.cc_major = prop.major;
   info.cc_minor = prop.minor;
   if (cudaError_t e = setup_schedule_kernel(); e != cudaSuccess) return cuda_error("scheduler setup", e);
-  if (info.cc_major == 9 && info.cc_minor == 0) {
-    if (cudaError_t e = sm90::setup_decode<__nv_bfloat16>(); e != cudaSuccess) return cuda_error("sm90 setup", e);
-    if (cudaError_t e = sm90::setup_decode<__half>(); e != cudaSuccess) return cuda_error("sm90 setup", e);
-    // Clusters of row blocks share KV tiles (kv_producer.cuh). Only where a whole grid of them is
-    // resident at once: a second wave would double the time. JAX_MLA_SM90_CLUSTER=0 turns them
-    // off, =1 forces them (for measurements).
+  if (cudaError_t e = setup_decode_kernels(prop.major, prop.minor); e != cudaSuccess) {
+    return cuda_error("decode kernel setup", e);
+  }
+#ifdef JAX_MLA_HAVE_SM90
+  if (prop.major == 9 && prop.minor == 0) {
+    // Clusters of row blocks share KV tiles (kv_producer.cuh), only where a whole grid of them is
+    // resident at once (a second wave would double the time). JAX_MLA_SM90_CLUSTER=1 forces them,
+    // =0 turns them off.
     info.sm90_max_active_clusters = sm90::max_active_clusters<__nv_bfloat16>(sm90::kClusterRowBlocks);
-    const char* env = std::getenv("JAX_MLA_SM90_CLUSTER");
+    const char* cl = std::getenv("JAX_MLA_SM90_CLUSTER");
     const bool fits = info.sm90_max_active_clusters * sm90::kClusterRowBlocks >= info.sm_count;
-    const bool on = env && *env ? std::atoi(env) != 0 : (kSm90ClusterDefault && fits);
+    const bool on = cl && *cl ? std::atoi(cl) != 0 : (kSm90ClusterDefault && fits);
     info.sm90_cluster_row_blocks = on ? sm90::kClusterRowBlocks : 1;
   }
-  info.ready = true;
+#endif
+  const AutoCandidate candidate = auto_candidate(prop.major, prop.minor, built_kernels(), env.mode);
+  if (candidate.needs_self_check) {
+    const SelfCheckReport report = run_self_check(candidate.kernel, env.mode == SelfCheckMode::kFault);
+    info.self_check_kernel = candidate.kernel;
+    info.self_check = report.passed ? SelfCheckOutcome::kPassed : SelfCheckOutcome::kFailed;
+    info.self_check_detail = report.detail;
+    if (!report.passed) {
+      std::fprintf(stderr,
+                   "jax_mla: WARNING: the %s kernel failed its self-check against the portable kernel on CUDA device %d "
+                   "(compute capability %d.%d): %s; kernel=\"auto\" uses the portable kernel on this device\n",
+                   kernel_name(candidate.kernel), device, prop.major, prop.minor, report.detail.c_str());
+      std::fflush(stderr);
+    }
+  }
+  info.ready.store(true, std::memory_order_release);
   return ffi::Error::Success();
+}
+
+ffi::Error init_device(int device) {
+  if (device < 0 || device >= kMaxDevices) {
+    return ffi::Error(ffi::ErrorCode::kUnimplemented, "jax_mla: device ordinal above 63 is not supported");
+  }
+  if (g_devices[device].ready.load(std::memory_order_acquire)) return ffi::Error::Success();
+  std::lock_guard<std::mutex> lock(g_devices_mutex);
+  return init_device_locked(device);
+}
+
+// Initialize stage: once per device (see init_device_locked).
+ffi::Error InitializeImpl() {
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return cuda_error("cudaGetDevice", e);
+  return init_device(device);
+}
+
+KernelSelection select_for(const DeviceInfo& info, int32_t kernel_attr) {
+  const ProcessEnv& env = process_env();
+  return select_kernel(info.cc_major, info.cc_minor, kernel_attr, env.kernel.c_str(), built_kernels(), env.mode,
+                       info.self_check);
 }
 
 // Checks that only the GPU kernels impose (the CPU kernel takes any page size).
@@ -114,13 +193,14 @@ ffi::Error check_gpu_limits(const DecodeParams& p, int64_t workspace_bytes, bool
 ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer kv_cache, ffi::AnyBuffer block_table,
                              ffi::AnyBuffer seq_lens, ffi::AnyBuffer schedule, ffi::Result<ffi::AnyBuffer> out,
                              ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> workspace,
-                             float softmax_scale, bool causal, int32_t num_parts) {
+                             float softmax_scale, bool causal, int32_t num_parts, int32_t kernel) {
   DecodeParams p;
   if (ffi::Error e = ffi_args::check_decode(q, kv_cache, block_table, seq_lens, schedule, *out, *lse, softmax_scale,
                                             causal, num_parts, &p);
       e.failure()) {
     return e;
   }
+  if (ffi::Error e = ffi_args::check_kernel(kernel); e.failure()) return e;
   g_decode_calls.fetch_add(1, std::memory_order_relaxed);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture == cudaStreamCaptureStatusActive) {
@@ -134,43 +214,27 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
 
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return cuda_error("cudaGetDevice", e);
-  const DeviceInfo& info = g_devices[device];
-  if (!info.ready) {
+  if (device < 0 || device >= kMaxDevices || !g_devices[device].ready.load(std::memory_order_acquire)) {
     return ffi::Error(ffi::ErrorCode::kInternal, "jax_mla_decode: the initialize stage did not run on this device");
   }
-  if (!(info.cc_major == 9 && info.cc_minor == 0)) {
-    return ffi::Error(ffi::ErrorCode::kUnimplemented,
-                      "jax_mla_decode: no CUDA kernel for compute capability " + std::to_string(info.cc_major) + "." +
-                          std::to_string(info.cc_minor) + " in this build (the SM90 kernel needs 9.0)");
+  const KernelSelection sel = select_for(g_devices[device], kernel);
+  if (!sel.error.empty()) return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_mla_decode: " + sel.error);
+  if (sel.needs_self_check) {
+    return ffi::Error(ffi::ErrorCode::kInternal, "jax_mla_decode: the self-check did not run in the initialize stage");
   }
 
-  p.cluster_row_blocks = info.sm90_cluster_row_blocks;
+  p.sm_count = g_devices[device].sm_count;
+  p.cluster_row_blocks = g_devices[device].sm90_cluster_row_blocks;
   uint8_t* ws = static_cast<uint8_t*>(workspace->untyped_data());
   const WorkspaceLayout layout = workspace_layout(p.batch, p.rows, p.num_parts);
   p.partial_lse = reinterpret_cast<float*>(ws + layout.partial_lse_offset);
   p.partial_out = reinterpret_cast<float*>(ws + layout.partial_out_offset);
-
-  // (b * s_q * h_q, 576) for Q; (num_pages * page_size, 576) for the cache.
-  CUtensorMap q_map, kv_map;
-  const char* map_error = nullptr;
-  if (!make_tensor_map_2d(&q_map, p.q, p.dtype, static_cast<uint64_t>(p.batch) * p.rows, kHeadDimQK, kHeadDimQK,
-                          kBlockM, 64, &map_error) ||
-      !make_tensor_map_2d(&kv_map, p.kv_cache, p.dtype, static_cast<uint64_t>(p.num_pages) * p.page_size,
-                          kHeadDimQK, kHeadDimQK, p.page_size < kBlockN ? p.page_size : kBlockN, 64, &map_error)) {
-    return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_mla_decode: ") + map_error);
+  const LaunchStatus st =
+      launch_decode_kernel(sel.kernel, p, reinterpret_cast<int32_t*>(ws + layout.schedule_offset), stream);
+  if (!st.ok()) {
+    if (st.error != cudaSuccess) return cuda_error(st.what, st.error);
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_mla_decode: ") + st.what);
   }
-
-  if (schedule_in_op) {
-    int32_t* plan = reinterpret_cast<int32_t*>(ws + layout.schedule_offset);
-    if (cudaError_t e = launch_schedule(p.seq_lens, p.batch, p.num_parts, plan, stream); e != cudaSuccess) {
-      return cuda_error("scheduler launch", e);
-    }
-    p.schedule = plan;
-  }
-  cudaError_t e = p.dtype == DType::kBF16 ? sm90::launch_decode<__nv_bfloat16>(p, q_map, kv_map, stream)
-                                          : sm90::launch_decode<__half>(p, q_map, kv_map, stream);
-  if (e != cudaSuccess) return cuda_error("decode kernel launch", e);
-  if ((e = launch_combine(p, info.sm_count, stream)) != cudaSuccess) return cuda_error("combine kernel launch", e);
   return ffi::Error::Success();
 }
 
@@ -186,7 +250,7 @@ ffi::Error ScheduleExecuteImpl(cudaStream_t stream, ffi::AnyBuffer seq_lens, ffi
   // The scheduler's shared-memory limit was raised by the initialize stage (both targets have it).
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return cuda_error("cudaGetDevice", e);
-  if (!g_devices[device].ready) {
+  if (device < 0 || device >= kMaxDevices || !g_devices[device].ready.load(std::memory_order_acquire)) {
     return ffi::Error(ffi::ErrorCode::kInternal, "jax_mla_decode_schedule: the initialize stage did not run");
   }
   if (cudaError_t e = launch_schedule(static_cast<const int32_t*>(seq_lens.untyped_data()), batch, num_parts,
@@ -202,12 +266,45 @@ ffi::Error ScheduleExecuteImpl(cudaStream_t stream, ffi::AnyBuffer seq_lens, ffi
 CudaCallStats cuda_call_stats() {
   CudaCallStats st{g_decode_calls.load(std::memory_order_relaxed), g_decode_captured.load(std::memory_order_relaxed),
                    0, 0};
-  std::lock_guard<std::mutex> lock(g_devices_mutex);
-  if (g_devices[0].ready) {
+  if (g_devices[0].ready.load(std::memory_order_acquire)) {
     st.sm90_cluster_row_blocks = g_devices[0].sm90_cluster_row_blocks;
     st.sm90_max_active_clusters = g_devices[0].sm90_max_active_clusters;
   }
   return st;
+}
+
+DeviceKernelInfo device_kernel_info(int ordinal) {
+  DeviceKernelInfo r;
+  const ProcessEnv& env = process_env();
+  r.env_kernel = env.kernel;
+  r.env_self_check = env.self_check;
+  if (ordinal < 0 || ordinal >= kMaxDevices) {
+    r.error = "jax_mla: device ordinal " + std::to_string(ordinal) + " is not supported (0 to 63)";
+    return r;
+  }
+  if (cudaError_t e = cudaSetDevice(ordinal); e != cudaSuccess) {
+    cudaGetLastError();
+    r.error = std::string("jax_mla: cudaSetDevice(") + std::to_string(ordinal) + "): " + cudaGetErrorName(e);
+    return r;
+  }
+  if (ffi::Error e = init_device(ordinal); e.failure()) {
+    r.error = e.message();
+    return r;
+  }
+  const DeviceInfo& info = g_devices[ordinal];
+  r.cc_major = info.cc_major;
+  r.cc_minor = info.cc_minor;
+  r.self_check = kSelfCheckNames[static_cast<int>(info.self_check)];
+  r.self_check_kernel = info.self_check_kernel == Kernel::kAuto ? "" : kernel_name(info.self_check_kernel);
+  r.self_check_detail = info.self_check_detail;
+  const KernelSelection sel = select_for(info, static_cast<int32_t>(Kernel::kAuto));
+  if (!sel.error.empty()) {
+    r.error = "jax_mla: " + sel.error;
+  } else {
+    r.kernel = kernel_name(sel.kernel);
+    r.fell_back = sel.fell_back;
+  }
+  return r;
 }
 
 }  // namespace jax_mla
@@ -227,7 +324,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MlaDecodeCudaExecute, jax_mla::DecodeExecuteImpl,
                                   .Ret<ffi::AnyBuffer>()  // workspace    (workspace_bytes,) u8
                                   .Attr<float>("softmax_scale")
                                   .Attr<bool>("causal")
-                                  .Attr<int32_t>("num_parts"),
+                                  .Attr<int32_t>("num_parts")
+                                  .Attr<int32_t>("kernel"),  // ffi/kernel_select.h Kernel
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MlaDecodeScheduleCudaExecute, jax_mla::ScheduleExecuteImpl,

@@ -13,6 +13,7 @@
 #include "common/config.h"
 #include "common/params.h"
 #include "common/scheduler.h"
+#include "ffi/kernel_select.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_mla {
@@ -170,6 +171,16 @@ inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576
   p.lse = static_cast<float*>(lse.untyped_data());
   p.partial_lse = nullptr;
   p.partial_out = nullptr;
+  return ffi::Error::Success();
+}
+
+// The `kernel` attribute of jax_mla_decode (kernel_select.h). Checked by both handlers; the CPU
+// handler then ignores it (there is one CPU kernel).
+inline ffi::Error check_kernel(int32_t kernel) {
+  Kernel k;
+  if (!kernel_from_attr(kernel, &k)) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, std::string("jax_mla_decode: ") + kernel_attr_error(kernel));
+  }
   return ffi::Error::Success();
 }
 

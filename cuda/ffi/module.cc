@@ -2,17 +2,25 @@
 // plus the few native helpers the Python package needs (schedule / workspace sizes, the host
 // schedule planner, CUDA device info). See docs/design.md ("FFI targets").
 #include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "common/config.h"
 #include "common/scheduler.h"
 #include "common/workspace.h"
 #include "ffi/handlers.h"
+#include "ffi/kernel_select.h"
 #ifdef JAX_MLA_WITH_CUDA
 #include "ffi/device_query.h"
+#include "ffi/kernel_info.h"
 #endif
 
 namespace nb = nanobind;
@@ -100,6 +108,86 @@ Schedule plan_schedule(SeqLens seq_lens, int num_parts) {
   return Schedule(schedule, {size}, owner);
 }
 
+// ---- kernel selection (ffi/kernel_select.h) ----------------------------------------------------
+
+jax_mla::BuiltKernels parse_built(const std::vector<std::string>& names) {
+  jax_mla::BuiltKernels b;
+  for (const std::string& n : names) {
+    if (n == "sm90") b.sm90 = true;
+    else if (n == "sm100") b.sm100 = true;
+    else if (n == "sm103") b.sm103 = true;
+    else throw nb::value_error(("built: unknown kernel '" + n + "' (expected sm90, sm100, sm103)").c_str());
+  }
+  return b;
+}
+
+jax_mla::SelfCheckMode parse_mode(const std::string& mode) {
+  jax_mla::SelfCheckMode m;
+  if (!jax_mla::self_check_mode_from_env(mode.c_str(), &m)) {
+    throw nb::value_error(jax_mla::self_check_env_error(mode.c_str()).c_str());
+  }
+  return m;
+}
+
+nb::dict select_kernel(int cc_major, int cc_minor, int32_t kernel, std::optional<std::string> env,
+                       const std::string& self_check, const std::vector<std::string>& built,
+                       const std::string& self_check_mode) {
+  jax_mla::SelfCheckOutcome outcome;
+  if (self_check == "not run") outcome = jax_mla::SelfCheckOutcome::kNotRun;
+  else if (self_check == "passed") outcome = jax_mla::SelfCheckOutcome::kPassed;
+  else if (self_check == "failed") outcome = jax_mla::SelfCheckOutcome::kFailed;
+  else throw nb::value_error("self_check must be 'not run', 'passed' or 'failed'");
+  const jax_mla::KernelSelection sel =
+      jax_mla::select_kernel(cc_major, cc_minor, kernel, env ? env->c_str() : nullptr, parse_built(built),
+                             parse_mode(self_check_mode), outcome);
+  if (!sel.error.empty()) throw nb::value_error(sel.error.c_str());
+  nb::dict d;
+  d["kernel"] = sel.needs_self_check ? nb::none() : nb::object(nb::str(jax_mla::kernel_name(sel.kernel)));
+  d["fell_back"] = sel.fell_back;
+  d["needs_self_check"] = sel.needs_self_check;
+  return d;
+}
+
+nb::tuple auto_candidate(int cc_major, int cc_minor, const std::vector<std::string>& built,
+                         const std::string& self_check_mode) {
+  const jax_mla::AutoCandidate c =
+      jax_mla::auto_candidate(cc_major, cc_minor, parse_built(built), parse_mode(self_check_mode));
+  return nb::make_tuple(jax_mla::kernel_name(c.kernel), c.needs_self_check);
+}
+
+// Names of the GPU decode kernels in this build (empty without CUDA).
+std::vector<std::string> built_kernels() {
+  std::vector<std::string> names;
+#ifdef JAX_MLA_WITH_CUDA
+  const jax_mla::BuiltKernels b = jax_mla::built_kernels();
+  if (b.sm90) names.push_back("sm90");
+  if (b.sm100) names.push_back("sm100");
+  if (b.sm103) names.push_back("sm103");
+  names.push_back("portable");
+#endif
+  return names;
+}
+
+nb::dict kernel_info(int ordinal) {
+#ifdef JAX_MLA_WITH_CUDA
+  const jax_mla::DeviceKernelInfo info = jax_mla::device_kernel_info(ordinal);
+  if (!info.error.empty()) throw std::runtime_error(info.error);
+  nb::dict d;
+  d["compute_capability"] = nb::make_tuple(info.cc_major, info.cc_minor);
+  d["kernel"] = info.kernel;
+  d["fell_back"] = info.fell_back;
+  d["self_check"] = info.self_check;
+  d["self_check_kernel"] = info.self_check_kernel;
+  d["self_check_detail"] = info.self_check_detail;
+  d["env_kernel"] = info.env_kernel;
+  d["env_self_check"] = info.env_self_check;
+  return d;
+#else
+  (void)ordinal;
+  throw std::runtime_error("jax_mla: this build has no CUDA kernels");
+#endif
+}
+
 }  // namespace
 
 NB_MODULE(_ext, m) {
@@ -131,6 +219,20 @@ NB_MODULE(_ext, m) {
   m.def("plan_schedule", &plan_schedule, nb::arg("seq_lens"), nb::arg("num_parts"),
         "Split-KV schedule of int32 seq_lens (b,) for num_parts parts, planned on the host.");
 
+  m.def("select_kernel", &select_kernel, nb::arg("cc_major"), nb::arg("cc_minor"), nb::arg("kernel"),
+        nb::arg("env") = nb::none(), nb::arg("self_check") = "not run",
+        nb::arg("built") = std::vector<std::string>{"sm90"}, nb::arg("self_check_mode") = "",
+        "The decode kernel the CUDA handler picks (ffi/kernel_select.h): {'kernel', 'fell_back', "
+        "'needs_self_check'}; ValueError with the handler's message when it refuses the call.");
+  m.def("auto_candidate", &auto_candidate, nb::arg("cc_major"), nb::arg("cc_minor"),
+        nb::arg("built") = std::vector<std::string>{"sm90"}, nb::arg("self_check_mode") = "",
+        "(kernel, needs_self_check): what kernel='auto' prefers on a device before any self-check.");
+  m.def("built_kernels", &built_kernels, "Names of the GPU decode kernels compiled into this build.");
+  m.def("kernel_info", &kernel_info, nb::arg("device_ordinal"),
+        "Which kernel a CUDA device uses (initializes it for jax_mla if needed, self-check included).");
+  nb::dict kernels;
+  for (int32_t i = 0; i < jax_mla::kNumKernels; ++i) kernels[jax_mla::kKernelNames[i]] = i;
+  m.attr("KERNELS") = kernels;
   m.attr("HEAD_DIM_QK") = jax_mla::kHeadDimQK;
   m.attr("HEAD_DIM_V") = jax_mla::kHeadDimV;
   m.attr("BLOCK_M") = jax_mla::kBlockM;

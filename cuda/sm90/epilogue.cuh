@@ -7,26 +7,10 @@
 
 #include "../common/config.h"
 #include "../common/params.h"
+#include "../common/row_math.cuh"
 #include "softmax.cuh"
 
 namespace jax_mla::sm90 {
-
-struct RowResult {
-  float inv_sum[2];  // 1 / row sum, 0 for rows that saw no key
-  float lse[2];      // natural log-sum-exp, -inf for rows that saw no key, NaN for a bad request
-};
-
-// m: running max (log2 units), total_sum: full row sum over both consumers.
-__device__ __forceinline__ RowResult finish_rows(const float (&m)[2], const float (&total_sum)[2], bool bad) {
-  RowResult r;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const bool empty = total_sum[i] == 0.f;  // NaN data stays NaN
-    r.inv_sum[i] = bad ? NAN : (empty ? 0.f : 1.f / total_sum[i]);
-    r.lse[i] = bad ? NAN : (empty ? -INFINITY : (m[i] + log2f(total_sum[i])) * 0.69314718055994531f);
-  }
-  return r;
-}
 
 // o: (64, 256) fragment of columns [col0, col0 + 256). Writes rows < rows_valid.
 // dst_row0 points at row 0 of this CTA's 64-row block: (rows, 512) elements of Element (final output)

@@ -14,6 +14,7 @@
 
 #include "../common/config.h"
 #include "../common/ptx.cuh"
+#include "../common/row_math.cuh"
 
 namespace jax_mla::sm90 {
 
@@ -43,15 +44,6 @@ struct RowCoords {
   }
 };
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffff, x, 1);
-  return x + __shfl_xor_sync(0xffffffff, x, 2);
-}
-
 // Sets scores of keys a row may not see (token >= visible[i]) to -inf. Select, not multiply:
 // masked K rows may hold anything, NaN included.
 __device__ __forceinline__ void mask_scores(ScoreFragment& s, const RowCoords& rc, int first_token,
@@ -78,10 +70,6 @@ __device__ __forceinline__ void tile_row_max(const ScoreFragment& s, float scale
   }
 }
 
-// The running max is -inf until a row has seen a key; exp2 then needs a finite reference point
-// so that -inf - -inf never makes a NaN.
-__device__ __forceinline__ float finite_or_zero(float m) { return m == -INFINITY ? 0.f : m; }
-
 // P = exp2(s * scale_log2 - m) in place; returns this thread's partial row sums.
 __device__ __forceinline__ void exponentiate(ScoreFragment& s, float scale_log2, const float (&m_ref)[2],
                                              float (&partial_sum)[2]) {
@@ -97,17 +85,6 @@ __device__ __forceinline__ void exponentiate(ScoreFragment& s, float scale_log2,
         sum += x;
       }
     partial_sum[i] = sum;
-  }
-}
-
-template <typename Element>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
   }
 }
 

@@ -1,0 +1,59 @@
+// Per-row math of the online softmax, shared by the GPU decode kernels (SM90 wgmma, portable
+// mma.sync). In both accumulator layouts a thread holds two rows of a 16-row slice, and the four
+// lanes of a quad (lane / 4 equal) hold the same two rows, so a row reduction inside a warp is two
+// xor-shuffles. Scores are in log2 units (the softmax scale times log2(e) is folded in before exp2).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <type_traits>
+
+namespace jax_mla {
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffff, x, 1);
+  return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+// The running max is -inf until a row has seen a key; exp2 then needs a finite reference point
+// so that -inf - -inf never makes a NaN.
+__device__ __forceinline__ float finite_or_zero(float m) { return m == -INFINITY ? 0.f : m; }
+
+// Two floats rounded to the 16-bit element type, packed into one 32-bit register (low half first):
+// the operand format of the 16-bit MMAs and of paired 16-bit stores.
+template <typename Element>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+struct RowResult {
+  float inv_sum[2];  // 1 / row sum, 0 for rows that saw no key
+  float lse[2];      // natural log-sum-exp, -inf for rows that saw no key, NaN for a bad request
+};
+
+// m: running max (log2 units), total_sum: the full row sum. A bad request (invalid page id or a
+// length its block table cannot hold) makes both NaN, so its output is NaN whatever O holds.
+__device__ __forceinline__ RowResult finish_rows(const float (&m)[2], const float (&total_sum)[2], bool bad) {
+  RowResult r;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const bool empty = total_sum[i] == 0.f;  // NaN data stays NaN
+    r.inv_sum[i] = bad ? NAN : (empty ? 0.f : 1.f / total_sum[i]);
+    r.lse[i] = bad ? NAN : (empty ? -INFINITY : (m[i] + log2f(total_sum[i])) * 0.69314718055994531f);
+  }
+  return r;
+}
+
+}  // namespace jax_mla

@@ -1,0 +1,119 @@
+// See decode_launch.h. The only place that knows each kernel's launch sequence.
+#include "ffi/decode_launch.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/launch.h"
+#include "common/tensor_map.h"
+#include "portable/launch.h"
+#include "sm90/launch.h"
+// The SM100 kernel is written separately (cuda/sm100). Its interface is assumed to match sm90's:
+//   jax_mla::sm100::setup_decode<Element>()
+//   jax_mla::sm100::launch_decode<Element>(p, q_map, kv_map, stream)   (the same TMA descriptors)
+// JAX_MLA_HAVE_SM100 / JAX_MLA_HAVE_SM103 are defined by the build only once cuda/sm100 has
+// sources compiled for sm_100a / sm_103a; until then kernel="sm100" is "not in this build".
+#if defined(JAX_MLA_HAVE_SM100) || defined(JAX_MLA_HAVE_SM103)
+#include "sm100/launch.h"
+#define JAX_MLA_ANY_SM100 1
+#endif
+
+namespace jax_mla {
+
+BuiltKernels built_kernels() {
+  BuiltKernels b;
+#ifdef JAX_MLA_HAVE_SM90
+  b.sm90 = true;
+#endif
+#ifdef JAX_MLA_HAVE_SM100
+  b.sm100 = true;
+#endif
+#ifdef JAX_MLA_HAVE_SM103
+  b.sm103 = true;
+#endif
+  return b;
+}
+
+cudaError_t setup_decode_kernels(int cc_major, int cc_minor) {
+  if (cc_major < 8) return cudaSuccess;  // no kernel runs there (the selection refuses the call)
+  const BuiltKernels built = built_kernels();
+  cudaError_t e = portable::setup_decode<__nv_bfloat16>();
+  if (e == cudaSuccess) e = portable::setup_decode<__half>();
+#ifdef JAX_MLA_HAVE_SM90
+  if (e == cudaSuccess && cc_major == 9 && cc_minor == 0) {
+    e = sm90::setup_decode<__nv_bfloat16>();
+    if (e == cudaSuccess) e = sm90::setup_decode<__half>();
+  }
+#endif
+#ifdef JAX_MLA_ANY_SM100
+  if (e == cudaSuccess && cc_major == 10 && ((cc_minor == 0 && built.sm100) || (cc_minor == 3 && built.sm103))) {
+    e = sm100::setup_decode<__nv_bfloat16>();
+    if (e == cudaSuccess) e = sm100::setup_decode<__half>();
+  }
+#endif
+  (void)built;
+  return e;
+}
+
+namespace {
+
+// The TMA descriptors of the SM90 / SM100 kernels: (b * s_q * h_q, 576) for Q in boxes of (64, 64);
+// (num_pages * page_size, 576) for the cache in boxes of (min(page_size, 64), 64).
+bool make_decode_maps(const DecodeParams& p, CUtensorMap* q_map, CUtensorMap* kv_map, const char** error) {
+  return make_tensor_map_2d(q_map, p.q, p.dtype, static_cast<uint64_t>(p.batch) * p.rows, kHeadDimQK, kHeadDimQK,
+                            kBlockM, 64, error) &&
+         make_tensor_map_2d(kv_map, p.kv_cache, p.dtype, static_cast<uint64_t>(p.num_pages) * p.page_size,
+                            kHeadDimQK, kHeadDimQK, p.page_size < kBlockN ? p.page_size : kBlockN, 64, error);
+}
+
+}  // namespace
+
+LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedule_scratch, cudaStream_t stream) {
+  LaunchStatus st;
+  const bool bf16 = p.dtype == DType::kBF16;
+  CUtensorMap q_map, kv_map;
+  if (kernel == Kernel::kSm90 || kernel == Kernel::kSm100) {
+    if (!make_decode_maps(p, &q_map, &kv_map, &st.what)) return st;  // what = the driver's reason
+  }
+  if (p.schedule == nullptr) {
+    if ((st.error = launch_schedule(p.seq_lens, p.batch, p.num_parts, schedule_scratch, stream)) != cudaSuccess) {
+      st.what = "scheduler launch";
+      return st;
+    }
+    p.schedule = schedule_scratch;
+  }
+  // The SM90 / SM100 kernels wait for the scheduler and hand over to the combine with programmatic
+  // dependent launch; the portable path runs in plain stream order (its code may come from PTX
+  // compiled without griddepcontrol).
+  bool programmatic = true;
+  switch (kernel) {
+    case Kernel::kSm90:
+#ifdef JAX_MLA_HAVE_SM90
+      st.error = bf16 ? sm90::launch_decode<__nv_bfloat16>(p, q_map, kv_map, stream)
+                      : sm90::launch_decode<__half>(p, q_map, kv_map, stream);
+#else
+      st.error = cudaErrorInvalidDeviceFunction;
+#endif
+      break;
+    case Kernel::kSm100:
+#ifdef JAX_MLA_ANY_SM100
+      st.error = bf16 ? sm100::launch_decode<__nv_bfloat16>(p, q_map, kv_map, stream)
+                      : sm100::launch_decode<__half>(p, q_map, kv_map, stream);
+#else
+      st.error = cudaErrorInvalidDeviceFunction;
+#endif
+      break;
+    default:
+      programmatic = false;
+      st.error = bf16 ? portable::launch_decode<__nv_bfloat16>(p, stream) : portable::launch_decode<__half>(p, stream);
+      break;
+  }
+  if (st.error != cudaSuccess) {
+    st.what = "decode kernel launch";
+    return st;
+  }
+  if ((st.error = launch_combine(p, p.sm_count, programmatic, stream)) != cudaSuccess) st.what = "combine kernel launch";
+  return st;
+}
+
+}  // namespace jax_mla

@@ -1,0 +1,32 @@
+// Launching one decode with a chosen kernel: the in-op schedule (when none was passed), the decode
+// kernel, the combine. Shared by the execute stage and the self-check, so both run exactly the same
+// launch sequence. Host code only: nothing here allocates, synchronises or queries the stream, so
+// it is safe under CUDA-graph capture.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/params.h"
+#include "ffi/kernel_info.h"  // built_kernels()
+#include "ffi/kernel_select.h"
+
+namespace jax_mla {
+
+// One-time per-device setup of every decode kernel that can run on compute capability
+// (cc_major, cc_minor) in this build (opt-in shared memory). Call from the initialize stage.
+cudaError_t setup_decode_kernels(int cc_major, int cc_minor);
+
+struct LaunchStatus {
+  cudaError_t error = cudaSuccess;
+  const char* what = nullptr;  // which step failed ("decode kernel launch", a TMA descriptor, ...)
+  bool ok() const { return what == nullptr; }
+};
+
+// p: validated parameters with partial_lse / partial_out pointing into the workspace. When
+// p.schedule is null the schedule is planned on the device into schedule_scratch
+// (schedule_size(b, num_parts) int32) first. kernel: kSm90, kSm100 or kPortable.
+LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedule_scratch, cudaStream_t stream);
+
+}  // namespace jax_mla

@@ -1,0 +1,9 @@
+// Portable decode kernel, bf16 (one instantiation per file keeps compile times and memory per file low).
+#include <cuda_bf16.h>
+
+#include "../launch.cuh"
+
+namespace jax_mla::portable {
+template cudaError_t setup_decode<__nv_bfloat16>();
+template cudaError_t launch_decode<__nv_bfloat16>(const DecodeParams&, cudaStream_t);
+}  // namespace jax_mla::portable

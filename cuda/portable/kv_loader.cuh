@@ -1,0 +1,124 @@
+// The KV loader of the portable kernel: every thread copies, with cp.async, one 16-byte chunk of
+// each of the 9 boxes of a 32-token sub-tile, gathering its token's cache row through the block
+// table. It walks the part's pieces of work (scheduler.h) in the same order as the consumer loop,
+// two sub-tiles ahead of it (one stage computed, one in flight), and reads the block table one
+// sub-tile further ahead still, so that the table's latency never sits in front of a copy.
+//
+// Thread t owns row t / 8 (a token of the sub-tile) and chunk t % 8 of every box row: a warp copies
+// 4 whole 128-byte rows per box (coalesced), and a thread needs one block-table entry per sub-tile.
+//
+// Per piece of work the loader also records whether a token < seq_len had no valid page (a page id
+// outside [0, num_pages), or a length the request's block-table row cannot hold); the consumer
+// turns that into NaN output for the piece. Two flags (piece parity) suffice: the loader runs two
+// sub-tiles ahead and every piece spans at least two sub-tiles (config.h), so it never touches the
+// piece after next before the consumer has finished the current one.
+#pragma once
+
+#include <cstdint>
+
+#include "../common/params.h"
+#include "../common/scheduler.h"
+#include "config.h"
+#include "mma.cuh"
+
+namespace jax_mla::portable {
+
+template <typename Element>
+struct KvLoader {
+  const DecodeParams* p;
+  const int32_t* part_info;
+  const int32_t* split_offsets;
+  int log2_page;
+  int row;              // this thread's token within a sub-tile
+  uint32_t dst0;        // shared address of (stage 0, box 0, row, swizzled chunk)
+  int chunk_elems;      // column offset of this thread's chunk inside a box
+  // Cursor: the next sub-tile to load.
+  int req;              // its request; > part_info[kPartEndReq] once the part is exhausted
+  int sub, sub_end;     // sub-tiles [sub, sub_end) of the current piece, in kTileKeys-token units
+  int seq_len;          // seq_lens[req]
+  int piece;            // ordinal of the current piece within the part (counts non-empty pieces)
+  int page;             // block-table entry for this thread's token of sub-tile `sub` (-1: none)
+  uint32_t bad_bits;    // bit (piece & 1): a token of that piece had no valid page
+
+  __device__ __forceinline__ void init(const DecodeParams& params, const int32_t* info, const int32_t* offsets,
+                                       SharedStorage<Element>& s) {
+    p = &params;
+    part_info = info;
+    split_offsets = offsets;
+    log2_page = 31 - __clz(params.page_size);
+    row = threadIdx.x / kChunksPerBoxRow;
+    const int chunk = threadIdx.x % kChunksPerBoxRow;
+    chunk_elems = chunk * 8;
+    dst0 = smem_addr(&s.kv[0][0][row][0]) + ((chunk ^ (row & 7)) << 4);
+    bad_bits = 0;
+    piece = -1;
+    req = part_info[kPartBeginReq] - 1;
+    next_piece();
+    lookup();
+  }
+
+  __device__ __forceinline__ bool done() const { return req > part_info[kPartEndReq]; }
+
+  // Moves the cursor to the first sub-tile of the next non-empty piece (the consumer skips the
+  // same empty ones).
+  __device__ __forceinline__ void next_piece() {
+    for (++req; req <= part_info[kPartEndReq]; ++req) {
+      const PieceOfWork w = piece_of(part_info, split_offsets, p->seq_lens, req);
+      if (w.begin_block < w.end_block) {
+        sub = w.begin_block * kTilesPerBlock;
+        sub_end = w.end_block * kTilesPerBlock;
+        seq_len = p->seq_lens[req];
+        ++piece;
+        return;
+      }
+    }
+  }
+
+  // Block-table entry of this thread's token in the cursor's sub-tile. Read only for tokens the
+  // request owns (< seq_len) and only inside the request's row of the table.
+  __device__ __forceinline__ void lookup() {
+    page = -1;
+    if (done()) return;
+    const int token = sub * kTileKeys + row;
+    const int page_index = token >> log2_page;
+    if (token < seq_len && page_index < p->max_pages) {
+      page = p->block_table[static_cast<int64_t>(req) * p->max_pages + page_index];
+    }
+  }
+
+  // Issues the copies of the cursor's sub-tile into `stage`, advances the cursor and looks up the
+  // next sub-tile. Always commits one cp.async group (empty past the end of the part), so the
+  // consumer's cp_async_wait<1> counts sub-tiles.
+  __device__ __forceinline__ void issue(int stage) {
+    if (!done()) {
+      const int token = sub * kTileKeys + row;
+      const bool owned = token < seq_len;
+      const bool valid = owned && page >= 0 && page < p->num_pages;
+      if (owned && !valid) bad_bits |= 1u << (piece & 1);
+      const Element* base = static_cast<const Element*>(p->kv_cache);
+      // (num_pages * page_size, 576): the token's cache row; the cache base when not valid (not read).
+      const Element* src =
+          valid ? base + (static_cast<int64_t>(page) * p->page_size + (token & (p->page_size - 1))) * kHeadDimQK +
+                      chunk_elems
+                : base;
+      const uint32_t dst = dst0 + stage * kStageBytes;
+#pragma unroll
+      for (int box = 0; box < kBoxes; ++box) {
+        cp_async_16(dst + box * kBoxBytes, valid ? src + box * kBoxCols : src, valid);
+      }
+      if (++sub == sub_end) next_piece();
+      lookup();
+    }
+    cp_async_commit();
+  }
+
+  // The bad flag of piece `k` (this thread's tokens), cleared for piece k + 2.
+  __device__ __forceinline__ bool take_bad(int k) {
+    const uint32_t bit = 1u << (k & 1);
+    const bool bad = (bad_bits & bit) != 0;
+    bad_bits &= ~bit;
+    return bad;
+  }
+};
+
+}  // namespace jax_mla::portable
