@@ -126,7 +126,8 @@ def test_precomputed_schedule_and_num_parts(kernel):
     with jax.default_device(gpu()):
         default = jax_mla.decode_schedule(sl, num_heads=16, seq_q=2)
     # The device scheduler builds exactly the host plan.
-    num_parts = (default.shape[0] - data.case.b - 1) // 8
+    num_parts = (default.shape[0] - 2 * data.case.b - 3) // 8  # schedule_size = 8 parts + 2 b + 3
+    assert _ext.schedule_size(data.case.b, num_parts) == default.shape[0]
     np.testing.assert_array_equal(np.asarray(default), _ext.plan_schedule(data.seq_lens, num_parts))
     with_default = run_gpu(data, schedule=default, kernel=kernel)
     for x, y in zip(in_op, with_default):
