@@ -26,7 +26,9 @@
 #include <cstdint>
 
 #include "config.h"
+#include "params.h"
 #include "ptx.cuh"
+#include "scheduler.h"
 
 namespace jax_mla {
 
@@ -169,6 +171,55 @@ struct DecodeKVProducer {
     }
   }
 };
+
+// The producer thread's whole job, shared by the SM90 and SM100 kernels: walk the pieces of one
+// split-KV part (scheduler.h) and, per piece, load Q of this CTA's 64-row block once the consumers
+// released the previous piece's Q (q_empty, parity of the piece count), then the piece's KV tiles
+// into the ring. Two hooks keep each kernel's own bookkeeping of bad block-table entries:
+//   on_piece(parity)   after the previous piece's Q was released, before this piece's Q load;
+//   on_tile(parity, stage, ok)  after acquire(), before the tile's arrivals, so a consumer that has
+//                      waited for the tile also sees what the hook wrote.
+template <typename Element, int kNumStages, typename OnPiece, typename OnTile>
+__device__ __forceinline__ void produce_part(DecodeKVProducer<Element, kNumStages>& producer, const DecodeParams& p,
+                                             const CUtensorMap* q_map, const CUtensorMap* kv_map,
+                                             const int32_t* part_info, const int32_t* split_offsets, int m_block,
+                                             Element* q_smem,  // (9 boxes, BLK_M, 64)
+                                             uint64_t* q_full, uint64_t* q_empty, OnPiece on_piece, OnTile on_tile) {
+  const int log2_page = 31 - __clz(p.page_size);
+  int piece_count = 0;
+  for (int r = part_info[kPartBeginReq]; r <= part_info[kPartEndReq]; ++r) {
+    const PieceOfWork w = piece_of(part_info, split_offsets, p.seq_lens, r);
+    if (w.begin_block >= w.end_block) continue;
+    const int parity = piece_count & 1;
+
+    ptx::mbarrier_wait(q_empty, parity ^ 1);
+    on_piece(parity);
+    ptx::mbarrier_arrive_expect_tx(q_full, kKvTileBytes);
+    const int q_row = r * p.rows + m_block * kBlockM;
+#pragma unroll 1
+    for (int box = 0; box < kKvBoxesQK; ++box) {
+      ptx::tma_load_2d(q_smem + box * kKvBoxElems, q_map, q_full, box * kKvBoxCols, q_row);
+    }
+
+    const PagedKV kv{kv_map,
+                     p.block_table + static_cast<int64_t>(r) * p.max_pages,
+                     p.seq_lens[r],
+                     p.page_size,
+                     log2_page,
+                     p.num_pages,
+                     p.max_pages,
+                     p.num_pages * p.page_size};
+#pragma unroll 1
+    for (int blk = w.begin_block; blk < w.end_block; ++blk) {
+      const auto source = producer.locate_tile(kv, blk * kBlockN);  // block-table reads overlap the wait
+      producer.acquire();
+      on_tile(parity, producer.state.stage, source.ok);
+      producer.load_tile(kv, source);
+      producer.commit_step();
+    }
+    ++piece_count;
+  }
+}
 
 // Consumer side of the same ring.
 template <int kNumStages>

@@ -28,6 +28,7 @@
 #include "../common/kv_producer.cuh"
 #include "../common/params.h"
 #include "../common/ptx.cuh"
+#include "../common/row_math.cuh"
 #include "../common/scheduler.h"
 #include "config.h"
 #include "descriptors.h"
@@ -36,17 +37,6 @@
 namespace jax_mla::sm100 {
 
 inline constexpr int kKeysPerThread = kBN / 2;  // 32: one key half of a row
-
-template <typename Element>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
 
 // Writes P[row, 32 half .. 32 half + 31] into the (64 rows, 64 keys) 16-bit P box: rows of 128 bytes,
 // 16-byte chunk c of row r stored at chunk c ^ (r % 8) (the 128-byte swizzle the TMA writes and the

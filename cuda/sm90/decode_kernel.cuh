@@ -45,41 +45,14 @@ __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const D
                                               const int32_t* part_info, const int32_t* split_offsets, int m_block,
                                               int cta_rank, int cluster_size) {
   DecodeKVProducer<Element, kNumKvStages> producer{&s.kv_bars, &s.kv[0][0][0], {}, cta_rank, cluster_size};
-  const int log2_page = 31 - __clz(p.page_size);
-  int piece_count = 0;
-  for (int r = part_info[kPartBeginReq]; r <= part_info[kPartEndReq]; ++r) {
-    const PieceOfWork w = piece_of(part_info, split_offsets, p.seq_lens, r);
-    if (w.begin_block >= w.end_block) continue;
-    const int parity = piece_count & 1;
-
-    // Q of this request's row block; waits until both consumers finished the previous piece.
-    ptx::mbarrier_wait(&s.q_empty, parity ^ 1);
-    s.bad_request[parity] = 0;
-    ptx::mbarrier_arrive_expect_tx(&s.q_full, kKvTileBytes);
-    const int q_row = r * p.rows + m_block * kBlockM;
-#pragma unroll 1
-    for (int box = 0; box < kKvBoxesQK; ++box) {
-      ptx::tma_load_2d(&s.q[box][0], q_map, &s.q_full, box * kKvBoxCols, q_row);
-    }
-
-    const PagedKV kv{kv_map,
-                     p.block_table + static_cast<int64_t>(r) * p.max_pages,
-                     p.seq_lens[r],
-                     p.page_size,
-                     log2_page,
-                     p.num_pages,
-                     p.max_pages,
-                     p.num_pages * p.page_size};
-#pragma unroll 1
-    for (int blk = w.begin_block; blk < w.end_block; ++blk) {
-      const auto source = producer.locate_tile(kv, blk * kBlockN);  // block-table reads overlap the wait
-      producer.acquire();
-      if (!source.ok) s.bad_request[parity] = 1;  // before the tile's arrivals: consumers see it
-      producer.load_tile(kv, source);
-      producer.commit_step();
-    }
-    ++piece_count;
-  }
+  // A bad block-table entry anywhere in a piece makes the whole request NaN: the flag is per piece
+  // (parity), cleared before its Q load and set before the bad tile's arrivals.
+  produce_part(
+      producer, p, q_map, kv_map, part_info, split_offsets, m_block, &s.q[0][0], &s.q_full, &s.q_empty,
+      [&](int parity) { s.bad_request[parity] = 0; },
+      [&](int parity, int, bool ok) {
+        if (!ok) s.bad_request[parity] = 1;
+      });
 }
 
 // Issues S = Q K^T for the tile in stage st (all 9 boxes, all 64 keys) as one wgmma group, waiting
