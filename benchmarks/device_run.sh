@@ -17,7 +17,12 @@ OUT="${OUT:-$PWD/device-out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # The device tool returns at most 8 files: the logs travel as one archive.
-pack_logs() { (cd "$OUT" && ls *.log >/dev/null 2>&1 && tar czf logs.tgz *.log && rm -f *.log) || true; }
+# Several invocations in one call each get their own archive (logs.tgz, logs-2.tgz, ...).
+pack_logs() {
+  (cd "$OUT" && ls *.log >/dev/null 2>&1 || exit 0
+   name=logs.tgz; n=2; while [ -e "$name" ]; do name="logs-$n.tgz"; n=$((n + 1)); done
+   tar czf "$name" *.log && rm -f *.log) || true
+}
 trap pack_logs EXIT
 # -P everywhere: the checkout's jax_mla/ (no compiled module) must not shadow the installed one.
 steps=("$@")
