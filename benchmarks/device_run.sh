@@ -66,7 +66,7 @@ run_tests() {
 
 run_bench() {
   echo "== benchmark"
-  timeout "${BENCH_TIMEOUT:-240}" python3 benchmarks/bench_decode.py ${BENCH_ARGS:---xla} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v "^#" | tail -20
+  timeout "${BENCH_TIMEOUT:-240}" python3 benchmarks/bench_decode.py ${BENCH_ARGS:---xla} --json "$OUT/bench${BENCH_TAG:+-$BENCH_TAG}.json" 2>&1 | tee "$OUT/bench.log" | grep -v "^#" | tail -20
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 
