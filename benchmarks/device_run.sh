@@ -4,8 +4,9 @@
 #
 #   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu]...   (default: tests bench; run in that order)
 # Environment: TESTS_TIMEOUT, BENCH_TIMEOUT, BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
-# SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, e.g. -k),
-# NCU_CONFIGS (benchmark configs to profile, default: the two low-latency ones and b128/4K).
+# SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
+# spaces: a -k expression must be one word), BENCH_TAG (results file bench-TAG.json, for several
+# benchmark runs in one call), NCU_CONFIGS (benchmark configs to profile, default: the two low-latency ones and b128/4K).
 #
 # Install: a wheel carried in .whl-dist/ (built on the CPU machine, see docs/performance.md) when it
 # imports there; otherwise a build on the spot with --no-build-isolation (the GPU machine has no
