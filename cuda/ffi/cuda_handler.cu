@@ -71,6 +71,7 @@ struct ProcessEnv {
   std::string self_check;  // JAX_MLA_SELFCHECK
   SelfCheckMode mode = SelfCheckMode::kDefault;
   bool mode_valid = true;
+  int sm90_cluster = -1;   // JAX_MLA_SM90_CLUSTER: 1 forces row-block clusters, 0 turns them off, -1 unset
 };
 
 const ProcessEnv& process_env() {
@@ -81,6 +82,8 @@ const ProcessEnv& process_env() {
     e.kernel = k ? k : "";
     e.self_check = c ? c : "";
     e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
+    const char* cl = std::getenv("JAX_MLA_SM90_CLUSTER");
+    if (cl && *cl) e.sm90_cluster = std::atoi(cl) != 0 ? 1 : 0;
     return e;
   }();
   return env;
@@ -121,9 +124,8 @@ ffi::Error init_device_locked(int device) {
     // resident at once (a second wave would double the time). JAX_MLA_SM90_CLUSTER=1 forces them,
     // =0 turns them off.
     info.sm90_max_active_clusters = sm90::max_active_clusters<__nv_bfloat16>(sm90::kClusterRowBlocks);
-    const char* cl = std::getenv("JAX_MLA_SM90_CLUSTER");
     const bool fits = info.sm90_max_active_clusters * sm90::kClusterRowBlocks >= info.sm_count;
-    const bool on = cl && *cl ? std::atoi(cl) != 0 : (kSm90ClusterDefault && fits);
+    const bool on = env.sm90_cluster >= 0 ? env.sm90_cluster == 1 : (kSm90ClusterDefault && fits);
     info.sm90_cluster_row_blocks = on ? sm90::kClusterRowBlocks : 1;
   }
 #endif
