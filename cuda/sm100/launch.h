@@ -14,7 +14,7 @@ cudaError_t setup_decode();
 
 // Launches the decode kernel over grid (p.num_parts, ceil(p.rows / 64)), 384 threads, with
 // programmatic dependent launch (launch_combine follows it, as for SM90). The tensor maps are made
-// exactly like the SM90 ones (cuda/ffi/cuda_handler.cu, make_tensor_map_2d, 128-byte swizzle):
+// exactly like the SM90 ones (cuda/ffi/decode_launch.cu, make_tensor_map_2d, 128-byte swizzle):
 // q_map: (b * rows, 576) box (64 rows, 64 cols); kv_map: (num_pages * page_size, 576) box
 // (min(page_size, 64) rows, 64 cols). Only valid on a device of compute capability 10.0 or 10.3;
 // the caller dispatches.
