@@ -161,6 +161,9 @@ def test_masked_nan_does_not_leak():
          "schedule does not match seq_lens"),
         (lambda a: a.update(schedule=np.zeros(3, np.int32)), "schedule must have shape (0,) or (schedule_size(b=2"),
         (lambda a: a.update(num_parts=0), "num_parts must be >= 1"),
+        (lambda a: a.update(softmax_scale=-0.125), "softmax_scale must be positive and finite, got -0.125"),
+        (lambda a: a.update(softmax_scale=0.0), "softmax_scale must be positive and finite, got 0"),
+        (lambda a: a.update(softmax_scale=np.inf), "softmax_scale must be positive and finite, got inf"),
         (lambda a: a.update(kernel=4),
          "kernel must be one of 'auto', 'sm90', 'sm100', 'portable' (attribute values 0 to 3), got 4"),
         (lambda a: a.update(kernel=-1), "(attribute values 0 to 3), got -1"),
@@ -173,6 +176,8 @@ def test_runtime_errors(change, message):
     args = dict(q=q, kv_cache=kv, block_table=table, seq_lens=lens, schedule=NO_SCHEDULE, num_parts=4, kernel=0)
     change(args)
     attrs = dict(num_parts=args.pop("num_parts"), kernel=args.pop("kernel"))
+    if "softmax_scale" in args:
+        attrs["softmax_scale"] = args.pop("softmax_scale")
     with pytest.raises(Exception, match="jax_mla_decode: ") as info:
         ffi_decode(**args, **attrs)
     assert message in str(info.value)

@@ -167,6 +167,9 @@ def test_bad_page_id_under_jit_is_a_runtime_error():
     (jnp.float32(0.1), TypeError, ["softmax_scale", "static"]),
     (float("nan"), ValueError, ["softmax_scale", "finite"]),
     (1e300, ValueError, ["softmax_scale", "finite"]),
+    (-0.1, ValueError, ["softmax_scale", "positive"]),
+    (0.0, ValueError, ["softmax_scale", "positive"]),
+    (1e-50, ValueError, ["softmax_scale", "positive"]),  # 0 in float32
 ])
 def test_bad_softmax_scale(scale, exc, words):
     with pytest.raises(exc) as e:

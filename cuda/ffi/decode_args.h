@@ -5,6 +5,7 @@
 // Buffer order and shapes are the contract of docs/design.md ("FFI targets").
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <sstream>
@@ -147,6 +148,12 @@ inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576
   }
   if (lse.element_type() != ffi::DataType::F32) {
     return invalid_argument(kTarget, "lse must be float32, got ", dtype_name(lse.element_type()));
+  }
+
+  // Mirrors _validate.check_softmax_scale: the kernels scale the row max of the raw scores, which
+  // is the max of the scaled scores only for a positive, finite scale.
+  if (!(softmax_scale > 0.f) || !std::isfinite(softmax_scale)) {
+    return invalid_argument(kTarget, "softmax_scale must be positive and finite, got ", softmax_scale);
   }
 
   DecodeParams& p = *params;
