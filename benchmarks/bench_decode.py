@@ -9,10 +9,13 @@ and shared by its calls (as a model's layers share it); --schedule-per-call plan
 Unless --no-graphs, XLA command buffers are asked to capture the step into a CUDA graph; the last
 line reports how many decode calls were actually traced into one (_ext.cuda_call_stats()).
 
-Usage: python benchmarks/bench_decode.py [--only NAME] [--xla] [--kernel portable] [--json out.json]
+Usage: python benchmarks/bench_decode.py [--only NAME] [--xla] [--kernel portable] [--num-parts 16,33,66]
+                                        [--json out.json]
 
 --kernel times a forced CUDA kernel (mla_decode's kernel= argument: auto, sm90, sm100, portable);
-the table and the JSON record it, with jax_mla.kernel_info() of the device.
+the table and the JSON record it, with jax_mla.kernel_info() of the device. --num-parts times each
+config once per listed split-KV part count (decode_schedule's num_parts; "0" is the default policy),
+for tuning the default; rows are named jax_mla/pN.
 """
 
 from __future__ import annotations
@@ -112,6 +115,8 @@ def main() -> int:
     ap.add_argument("--no-ceilings", action="store_true")
     ap.add_argument("--kernel", default="auto", choices=["auto", "sm90", "sm100", "portable"],
                     help="CUDA kernel to time (mla_decode's kernel= argument)")
+    ap.add_argument("--num-parts", default="0",
+                    help="comma-separated split-KV part counts to time (0 = the default policy)")
     args = ap.parse_args()
     _setup_xla_flags(not args.no_graphs)
 
@@ -132,6 +137,9 @@ def main() -> int:
         print(f"# measured ceilings: copy {copy_gbps:.0f} GB/s, bf16 matmul {mm_tflops:.0f} TFLOP/s "
               f"(facts file: {COPY_GBPS:.0f}, {MATMUL_TFLOPS:.0f})", flush=True)
 
+    part_counts = [int(x) for x in args.num_parts.split(",")]
+    if any(n < 0 for n in part_counts):
+        ap.error("--num-parts takes counts >= 0 (0 = the default policy)")
     rng = np.random.default_rng(1234)
     rows = []
     for cfg in CONFIGS:
@@ -142,16 +150,20 @@ def main() -> int:
         calls = max(num_sets, min(64, math.ceil(4000 / max(cfg.best_graph_us, 1.0))))
         q, cache, tables, seq_lens = build_inputs(cfg, rng, jnp, np, num_sets, calls)
 
-        def make_step(op):
+        def make_step(op, num_parts):
             def step(q, cache, tables, seq_lens):
                 # One split-KV plan per step, shared by every call, as a model's layers share it
                 # (and as FlashMLA's benchmark plans its metadata once): the scheduler is not timed
                 # per call unless --schedule-per-call.
-                sched = None if args.schedule_per_call else jax_mla.decode_schedule(
-                    seq_lens, num_heads=cfg.heads, seq_q=cfg.seq_q)
+                def plan():
+                    return jax_mla.decode_schedule(seq_lens, num_heads=cfg.heads, seq_q=cfg.seq_q,
+                                                   num_parts=num_parts or None)
+                shared = None if args.schedule_per_call else plan()
                 acc = jnp.zeros((), jnp.float32)
                 for i in range(calls):
-                    out = op(q, cache, tables[i], seq_lens, sched)
+                    # Per call: the op plans it itself (default policy) or from num_parts.
+                    s_i = shared if not args.schedule_per_call else (plan() if num_parts else None)
+                    out = op(q, cache, tables[i], seq_lens, s_i)
                     acc = acc + out[0, 0, 0, i % 512].astype(jnp.float32)
                 return acc
             return jax.jit(step)
@@ -163,10 +175,13 @@ def main() -> int:
         ref, _ = reference.mla_decode_reference(q, cache, tables[0], seq_lens, causal=cfg.causal,
                                                 out_dtype=jnp.float32)
         err = float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
-        us = time_step(make_step(op), (q, cache, tables, seq_lens), args.repeats, calls)
         impl = "jax_mla" if args.kernel == "auto" else f"jax_mla[{args.kernel}]"
-        row = dict(name=cfg.name, impl=impl, kernel=args.kernel, us=us, rel_err=err, calls=calls, sets=num_sets)
-        rows.append(row)
+        new_rows = 0
+        for num_parts in part_counts:
+            us = time_step(make_step(op, num_parts), (q, cache, tables, seq_lens), args.repeats, calls)
+            rows.append(dict(name=cfg.name, impl=impl + (f"/p{num_parts}" if num_parts else ""), kernel=args.kernel,
+                             num_parts=num_parts, us=us, rel_err=err, calls=calls, sets=num_sets))
+            new_rows += 1
         if args.xla:
             xla_op = lambda q, c, t, s: reference.mla_decode_reference(q, c, t, s, causal=cfg.causal)[0]  # noqa
             xcalls = max(2, calls // 8)
@@ -178,7 +193,8 @@ def main() -> int:
             xus = time_step(jax.jit(xstep), (q, cache, tables, seq_lens), 3, xcalls)
             rows.append(dict(name=cfg.name, impl="plain-xla", us=xus, rel_err=float("nan"), calls=xcalls,
                              sets=num_sets))
-        for r in rows[-(2 if args.xla else 1):]:
+            new_rows += 1
+        for r in rows[-new_rows:]:
             r["gbps"] = cfg.bytes() / (r["us"] * 1e-6) / 1e9
             r["tflops"] = cfg.flops() / (r["us"] * 1e-6) / 1e12
             r["pct_bw"] = 100 * r["gbps"] / copy_gbps
