@@ -176,12 +176,11 @@ def main() -> int:
                                                 out_dtype=jnp.float32)
         err = float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
         impl = "jax_mla" if args.kernel == "auto" else f"jax_mla[{args.kernel}]"
-        new_rows = 0
+        first_row = len(rows)  # this config's rows start here
         for num_parts in part_counts:
             us = time_step(make_step(op, num_parts), (q, cache, tables, seq_lens), args.repeats, calls)
             rows.append(dict(name=cfg.name, impl=impl + (f"/p{num_parts}" if num_parts else ""), kernel=args.kernel,
                              num_parts=num_parts, us=us, rel_err=err, calls=calls, sets=num_sets))
-            new_rows += 1
         if args.xla:
             xla_op = lambda q, c, t, s: reference.mla_decode_reference(q, c, t, s, causal=cfg.causal)[0]  # noqa
             xcalls = max(2, calls // 8)
@@ -193,8 +192,7 @@ def main() -> int:
             xus = time_step(jax.jit(xstep), (q, cache, tables, seq_lens), 3, xcalls)
             rows.append(dict(name=cfg.name, impl="plain-xla", us=xus, rel_err=float("nan"), calls=xcalls,
                              sets=num_sets))
-            new_rows += 1
-        for r in rows[-new_rows:]:
+        for r in rows[first_row:]:
             r["gbps"] = cfg.bytes() / (r["us"] * 1e-6) / 1e9
             r["tflops"] = cfg.flops() / (r["us"] * 1e-6) / 1e12
             r["pct_bw"] = 100 * r["gbps"] / copy_gbps

@@ -232,7 +232,7 @@ def check_softmax_scale(softmax_scale: Any, where: str = "mla_decode") -> float:
     value = float(softmax_scale)
     if not np.isfinite(value) or abs(value) > float(np.finfo(np.float32).max):
         raise ValueError(f"{where}: softmax_scale must be finite in float32, got {value}")
-    if not value > 0.0 or not np.float32(value) > 0:
+    if not np.float32(value) > 0:  # also refuses positive values that round to 0 in float32
         # The GPU kernels take the row max of the unscaled scores and scale it afterwards, which is
         # the max of the scaled scores only for a positive scale; zero would make every key equal.
         raise ValueError(f"{where}: softmax_scale must be positive, got {value}")
