@@ -9,7 +9,7 @@ and shared by its calls (as a model's layers share it); --schedule-per-call plan
 Unless --no-graphs, XLA command buffers are asked to capture the step into a CUDA graph; the last
 line reports how many decode calls were actually traced into one (_ext.cuda_call_stats()).
 
-Usage: python benchmarks/bench_decode.py [--only NAME] [--xla] [--kernel portable] [--num-parts 16,33,66]
+Usage: python benchmarks/bench_decode.py [--only NAME[,NAME...]] [--xla] [--kernel portable] [--num-parts 16,33,66]
                                         [--json out.json]
 
 --kernel times a forced CUDA kernel (mla_decode's kernel= argument: auto, sm90, sm100, portable);
@@ -105,7 +105,8 @@ def measure_ceilings():
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default=None, help="substring of config names to run")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated substrings of config names to run (a config runs if any matches)")
     ap.add_argument("--xla", action="store_true", help="also time the plain-XLA reference")
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--schedule-per-call", action="store_true",
@@ -143,7 +144,7 @@ def main() -> int:
     rng = np.random.default_rng(1234)
     rows = []
     for cfg in CONFIGS:
-        if args.only and args.only not in cfg.name:
+        if args.only and not any(o and o in cfg.name for o in args.only.split(",")):
             continue
         kv_bytes = float(cfg.seq_lens().sum()) * 576 * 2
         num_sets = max(2, min(16, math.ceil(4 * L2_BYTES / kv_bytes)))

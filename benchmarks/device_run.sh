@@ -2,7 +2,7 @@
 # One full call on the GPU machine (the `device` tool's H200): install jax_mla, run the GPU tests,
 # the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
-#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu]...   (default: tests bench; run in that order)
+#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc]...   (default: tests bench; run in that order)
 # Environment: TESTS_TIMEOUT, BENCH_TIMEOUT, BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
 # SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
 # spaces: a -k expression must be one word), BENCH_TAG (results file bench-TAG.json, for several
@@ -22,7 +22,7 @@ export PYTHONUNBUFFERED=1
 pack_logs() {
   (cd "$OUT" && ls *.log >/dev/null 2>&1 || exit 0
    name=logs.tgz; n=2; while [ -e "$name" ]; do name="logs-$n.tgz"; n=$((n + 1)); done
-   tar czf "$name" *.log && rm -f *.log) || true
+   tar czf "$name" *.log $(ls *.csv 2>/dev/null) && rm -f *.log *.csv) || true
 }
 trap pack_logs EXIT
 # -P everywhere: the checkout's jax_mla/ (no compiled module) must not shadow the installed one.
@@ -103,6 +103,55 @@ run_ncu() {
   done
 }
 
+# A/B of launch-time variants in one call: the benchmark once per variant (a fresh process each, since
+# the CUDA handler reads its environment once), on the configs of AB_ONLY, then one table of us per
+# call, config x variant. AB_VARIANTS: space-separated variants, each a comma-separated list of
+# VAR=value (e.g. "JAX_MLA_KV_PREFETCH=0 JAX_MLA_KV_PREFETCH=2,JAX_MLA_SM90_CLUSTER=1"). nvidia-smi
+# dmon logs the clocks meanwhile (dmon.log).
+run_ab() {
+  echo "== A/B: ${AB_VARIANTS:-}"
+  (nvidia-smi dmon -s pc -d 2 > "$OUT/dmon.log" 2>&1 &) ; local i=0 tags=()
+  for v in ${AB_VARIANTS:-}; do
+    i=$((i + 1)); tags+=("$v")
+    env $(echo "$v" | tr ',' ' ') timeout "${AB_TIMEOUT:-200}" python3 benchmarks/bench_decode.py --no-ceilings \
+      --repeats "${AB_REPEATS:-7}" --only "${AB_ONLY:-b128_sq1_h128_4k,b64_sq1_h16_8k}" --json "$OUT/ab-$i.json" \
+      > "$OUT/ab-$i.log" 2>&1 || { echo "variant $v failed (exit $?)"; tail -5 "$OUT/ab-$i.log"; status=1; }
+  done
+  pkill -f "nvidia-smi dmon" || true
+  python3 - "$OUT" "${tags[@]}" <<'PYEOF'
+import json, os, sys
+out, tags = sys.argv[1], sys.argv[2:]
+table = {}
+for i, tag in enumerate(tags, 1):
+    path = os.path.join(out, f"ab-{i}.json")
+    if not os.path.exists(path):
+        continue
+    for r in json.load(open(path))["rows"]:
+        table.setdefault(r["name"], {})[tag] = (r["us"], r.get("rel_err", float("nan")))
+print(f"{'config':<26}" + "".join(f" {t[:28]:>28}" for t in tags))
+for name, cols in table.items():
+    print(f"{name:<26}" + "".join(f" {cols[t][0]:17.1f} (e {cols[t][1]:.0e})" if t in cols else f" {'-':>28}" for t in tags))
+PYEOF
+}
+
+# Where the decode kernel's warps stall, per SASS instruction: ncu's source counters (warp-state
+# sampling) of one call of NCUSRC_CONFIG, once per variant of NCUSRC_VARIANTS (as AB_VARIANTS), as
+# CSV (src-N.csv, in the log archive) plus the speed-of-light and warp-state summaries.
+run_ncusrc() {
+  local cfg="${NCUSRC_CONFIG:-b128_sq1_h128_4k}" i=0
+  for v in ${NCUSRC_VARIANTS:-JAX_MLA_KV_PREFETCH=0}; do
+    i=$((i + 1))
+    echo "== ncu source counters: $cfg, $v"
+    env $(echo "$v" | tr ',' ' ') timeout 180 ncu --clock-control none -k regex:decode_kernel -s 2 -c 1 \
+      --section SourceCounters --section WarpStateStats --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      -o "$OUT/prof-$i" python3 benchmarks/profile_one.py "$cfg" > "$OUT/ncusrc-$i.log" 2>&1 || { echo "ncu failed"; tail -5 "$OUT/ncusrc-$i.log"; continue; }
+    ncu -i "$OUT/prof-$i.ncu-rep" --page source --csv --print-source sass > "$OUT/src-$i.csv" 2>&1
+    ncu -i "$OUT/prof-$i.ncu-rep" --page details > "$OUT/details-$i.log" 2>&1
+    grep -E "Duration|Throughput|Hit Rate|Warp Cycles Per Issued|Issue Slots|Stall" "$OUT/details-$i.log" | head -24
+    rm -f "$OUT/prof-$i.ncu-rep"
+  done
+}
+
 # Steps run in the order given on the command line.
 for step in "${steps[@]}"; do
   case "$step" in
@@ -110,6 +159,8 @@ for step in "${steps[@]}"; do
     bench) run_bench ;;
     sanitize) run_sanitize ;;
     ncu) run_ncu ;;
+    ab) run_ab ;;
+    ncusrc) run_ncusrc ;;
     all) run_tests; run_bench; run_sanitize ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
