@@ -131,6 +131,21 @@ for i, tag in enumerate(tags, 1):
 print(f"{'config':<26}" + "".join(f" {t[:28]:>28}" for t in tags))
 for name, cols in table.items():
     print(f"{name:<26}" + "".join(f" {cols[t][0]:17.1f} (e {cols[t][1]:.0e})" if t in cols else f" {'-':>28}" for t in tags))
+# Clocks and power while the variants ran (nvidia-smi dmon -s pc: power, temperatures, clocks).
+try:
+    head, vals = None, []
+    for line in open(os.path.join(out, "dmon.log")):
+        f = line.split()
+        if line.startswith("# gpu"):
+            head = f[1:]
+        elif head and f and not line.startswith("#") and len(f) == len(head):
+            vals.append(dict(zip(head, f)))
+    busy = [v for v in vals if v.get("pwr", "-").isdigit() and int(v["pwr"]) > 200]
+    if busy:
+        med = lambda k: sorted(int(v[k]) for v in busy if v.get(k, "-").isdigit())[len(busy) // 2]
+        print(f"# dmon, {len(busy)} samples above 200 W: median power {med('pwr')} W, SM clock {med('pclk')} MHz")
+except Exception as e:  # diagnostics only
+    print("# dmon summary failed:", e)
 PYEOF
 }
 
