@@ -177,10 +177,7 @@ __device__ __forceinline__ void owner_step(SharedStorage<Element>& s, const Pipe
     s.row_max[st.stage][rc.row[0]] = rs.m[0];
     s.row_max[st.stage][rc.row[1]] = rs.m[1];
   }
-  float tile_sum[2];
-  exponentiate(sc, scale_log2, m_ref, tile_sum);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) rs.l[i] = rs.l[i] * alpha[i] + tile_sum[i];
+  exponentiate(sc, scale_log2, m_ref);
   pack_p<Element>(sc, pf);
   store_p(pf, rc, reinterpret_cast<uint8_t*>(&s.kv[st.stage][kKvRopeBox][0]));
   const bool last_tile = t.first_token + kBlockN > t.seq_len;
@@ -191,6 +188,11 @@ __device__ __forceinline__ void owner_step(SharedStorage<Element>& s, const Pipe
   if (last_tile) ptx::named_barrier_sync(kBarConsumer + consumer, 128);
   rescale_o(o, alpha);
   issue_pv_own<Element>(s, st.stage, consumer, pf, o);
+  // The row sums, while the tensor cores work (sc still holds the fp32 P).
+  float tile_sum[2];
+  partial_row_sums(sc, tile_sum);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) rs.l[i] = rs.l[i] * alpha[i] + tile_sum[i];
 }
 
 // The other consumer's step for the tile in stage st: adopt the owner's running max, then its own
@@ -252,6 +254,11 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
     PFragment pf;
 
     ptx::mbarrier_wait(&s.q_full, piece_count & 1);
+    // Q is released (q_empty, one arrival per consumer and piece) as soon as this consumer's last
+    // Q K^T of the piece completed, so the producer loads the next piece's Q while this piece's last
+    // softmax, P V and epilogue run. A consumer that owns no tile of the piece releases it now.
+    const bool owns_a_tile = st.stage == consumer || w.end_block - w.begin_block > 1;
+    if (!owns_a_tile && elected) ptx::mbarrier_arrive(&s.q_empty);
 
     // Tiles of this piece, in order. The wgmma groups in flight when a step starts: for an owned
     // tile, [other's P V of the previous tile,] our S of this tile; for the other's tile, our own
@@ -270,6 +277,8 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
         }
         wgmma_wait<0>();
         fence_operands(sc);
+        // No Q K^T of ours follows in this piece (the next tile is the other's, or none).
+        if (blk + 2 >= w.end_block && elected) ptx::mbarrier_arrive(&s.q_empty);
         owner_step<Element>(s, st, rc, consumer, t, visible, visible_min, scale_log2, sc, pf, rs, o);
       } else {
         // Our own P V of the previous tile must be done before O is rescaled.
@@ -286,11 +295,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
     wgmma_wait<0>();
     fence_operands(o);
     fence_operands(pf);
-    if (elected) {
-      kv.release_stage(pending_release);
-      // Q is no longer read: let the producer load the next request's Q while we finish.
-      ptx::mbarrier_arrive(&s.q_empty);
-    }
+    if (elected) kv.release_stage(pending_release);
 
     // Epilogue: full row sums over both consumers, normalise, store.
     const int parity = piece_count & 1;
