@@ -85,7 +85,6 @@ struct PagedKV {
   int num_pages;       // pages in the cache
   int max_pages;       // columns of the block table
   int oob_row;         // a row past the end of the cache: TMA fills it with zeros
-  const uint8_t* base; // the cache in global memory, for L2 prefetches
 };
 
 template <typename Element, int kNumStages>
@@ -142,19 +141,6 @@ struct DecodeKVProducer {
       }
     }
     return t;
-  }
-
-  // Prefetches the cache rows of a located tile into L2 (no stage, no barrier): each copy's rows are
-  // contiguous in the cache (one page), so one bulk prefetch per copy. Rows past the end of the cache
-  // (tokens past seq_len) are skipped.
-  __device__ __forceinline__ void prefetch_tile(const PagedKV& kv, const TileSource& t) const {
-    constexpr uint32_t kRowBytes = kHeadDimQK * sizeof(Element);
-#pragma unroll
-    for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
-      if (k < t.copies && t.rows[k] != kv.oob_row) {
-        ptx::prefetch_l2_bulk(kv.base + static_cast<int64_t>(t.rows[k]) * kRowBytes, t.box_rows * kRowBytes);
-      }
-    }
   }
 
   // Issues the TMA copies of a located tile into the current stage (after acquire()).
@@ -222,21 +208,10 @@ __device__ __forceinline__ void produce_part(DecodeKVProducer<Element, kNumStage
                      log2_page,
                      p.num_pages,
                      p.max_pages,
-                     p.num_pages * p.page_size,
-                     static_cast<const uint8_t*>(p.kv_cache)};
-    // L2 prefetch runs `prefetch` tiles ahead of the TMA loads (which wait for free stages), so more
-    // of the request's bytes are on their way from DRAM than the ring holds.
-    const int prefetch = p.kv_prefetch_tiles;
-#pragma unroll 1
-    for (int blk = w.begin_block; blk < w.begin_block + prefetch && blk < w.end_block; ++blk) {
-      producer.prefetch_tile(kv, producer.locate_tile(kv, blk * kBlockN));
-    }
+                     p.num_pages * p.page_size};
 #pragma unroll 1
     for (int blk = w.begin_block; blk < w.end_block; ++blk) {
       const auto source = producer.locate_tile(kv, blk * kBlockN);  // block-table reads overlap the wait
-      if (prefetch > 0 && blk + prefetch < w.end_block) {
-        producer.prefetch_tile(kv, producer.locate_tile(kv, (blk + prefetch) * kBlockN));
-      }
       producer.acquire();
       on_tile(parity, producer.state.stage, source.ok);
       producer.load_tile(kv, source);

@@ -30,9 +30,6 @@ struct DecodeParams {
   // SM count for sizing persistent grids (0: unknown, the launchers assume 132).
   int cluster_row_blocks = 1;
   int sm_count = 0;
-  // KV tiles the producer of the SM90 / SM100 kernels prefetches into L2 ahead of its TMA loads
-  // (kv_producer.cuh; 0 = none). Set by the CUDA handler (JAX_MLA_KV_PREFETCH overrides it).
-  int kv_prefetch_tiles = 0;
 
   // Inputs (device or host pointers, per platform).
   const void* q;                // (b, s_q, h_q, 576)       row-major

@@ -80,14 +80,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       : "memory");
 }
 
-// Bulk prefetch of `bytes` (a multiple of 16) of global memory at `src` (16-byte aligned) into L2.
-// Fire and forget: no barrier, no shared memory. Turns a later TMA load of the same bytes into an
-// L2 hit, so the producer can have more bytes in flight than the ring's stages hold.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<uint64_t>(src)), "r"(bytes)
-               : "memory");
-}
-
 // Multicast form: one copy lands at the same CTA-relative offset in every CTA of the cluster whose
 // bit is set in `cta_mask`, and completes `bytes` on the barrier at `bar`'s offset in each of them.
 __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int col,

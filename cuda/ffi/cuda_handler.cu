@@ -14,7 +14,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -65,9 +64,6 @@ std::atomic<long long> g_decode_captured{0};
 
 // Whether the SM90 kernel uses row-block clusters by default (measured slower: docs/performance.md v5).
 constexpr bool kSm90ClusterDefault = false;
-// KV tiles the SM90 / SM100 producers prefetch into L2 ahead of their TMA loads (docs/performance.md v7).
-constexpr int kKvPrefetchDefault = 0;
-constexpr int kKvPrefetchMax = 16;
 
 // The environment as this process read it, once.
 struct ProcessEnv {
@@ -76,7 +72,6 @@ struct ProcessEnv {
   SelfCheckMode mode = SelfCheckMode::kDefault;
   bool mode_valid = true;
   int sm90_cluster = -1;   // JAX_MLA_SM90_CLUSTER: 1 forces row-block clusters, 0 turns them off, -1 unset
-  int kv_prefetch = kKvPrefetchDefault;  // JAX_MLA_KV_PREFETCH: tiles of L2 prefetch (0..kKvPrefetchMax)
 };
 
 const ProcessEnv& process_env() {
@@ -89,9 +84,6 @@ const ProcessEnv& process_env() {
     e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
     const char* cl = std::getenv("JAX_MLA_SM90_CLUSTER");
     if (cl && *cl) e.sm90_cluster = std::atoi(cl) != 0 ? 1 : 0;
-    // A tuning knob, not an API: out-of-range values are clamped.
-    const char* pf = std::getenv("JAX_MLA_KV_PREFETCH");
-    if (pf && *pf) e.kv_prefetch = std::min(std::max(std::atoi(pf), 0), kKvPrefetchMax);
     return e;
   }();
   return env;
@@ -235,7 +227,6 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
 
   p.sm_count = g_devices[device].sm_count;
   p.cluster_row_blocks = g_devices[device].sm90_cluster_row_blocks;
-  p.kv_prefetch_tiles = process_env().kv_prefetch;
   uint8_t* ws = static_cast<uint8_t*>(workspace->untyped_data());
   const WorkspaceLayout layout = workspace_layout(p.batch, p.rows, p.num_parts);
   p.partial_lse = reinterpret_cast<float*>(ws + layout.partial_lse_offset);
@@ -276,7 +267,7 @@ ffi::Error ScheduleExecuteImpl(cudaStream_t stream, ffi::AnyBuffer seq_lens, ffi
 
 CudaCallStats cuda_call_stats() {
   CudaCallStats st{g_decode_calls.load(std::memory_order_relaxed), g_decode_captured.load(std::memory_order_relaxed),
-                   0, 0, process_env().kv_prefetch};
+                   0, 0};
   if (g_devices[0].ready.load(std::memory_order_acquire)) {
     st.sm90_cluster_row_blocks = g_devices[0].sm90_cluster_row_blocks;
     st.sm90_max_active_clusters = g_devices[0].sm90_max_active_clusters;

@@ -10,13 +10,12 @@ int cuda_sm_count();
 // How often the CUDA decode handler's execute stage ran, and how many of those runs found their
 // stream capturing into a CUDA graph (XLA command buffers trace the custom call; replays of the
 // graph do not run the handler). For tests and diagnostics; defined in cuda_handler.cu.
-// Also device 0's SM90 launch policy once initialised (0 before) and the producers' L2 prefetch.
+// Also device 0's SM90 launch policy once initialised (0 before).
 struct CudaCallStats {
   long long decode_calls;
   long long decode_captured;
   int sm90_cluster_row_blocks;
   int sm90_max_active_clusters;
-  int kv_prefetch_tiles;  // L2 prefetch distance of the SM90 / SM100 producers (JAX_MLA_KV_PREFETCH)
 };
 CudaCallStats cuda_call_stats();
 

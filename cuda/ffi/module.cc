@@ -80,7 +80,6 @@ nb::dict cuda_call_stats() {
   d["decode_captured"] = st.decode_captured;
   d["sm90_cluster_row_blocks"] = st.sm90_cluster_row_blocks;
   d["sm90_max_active_clusters"] = st.sm90_max_active_clusters;
-  d["kv_prefetch_tiles"] = st.kv_prefetch_tiles;
 #else
   d["decode_calls"] = 0;
   d["decode_captured"] = 0;
