@@ -5,7 +5,7 @@
 #   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc]...   (default: tests bench; run in that order)
 # Environment: TESTS_TIMEOUT, BENCH_TIMEOUT, BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
 # SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
-# spaces: a -k expression must be one word), BENCH_TAG (results file bench-TAG.json, for several
+# spaces: a -k expression must be one word; TESTS_K is passed whole as one -k expression), BENCH_TAG (results file bench-TAG.json, for several
 # benchmark runs in one call), NCU_CONFIGS (benchmark configs to profile, default: the two low-latency ones and b128/4K).
 #
 # Install: a wheel carried in .whl-dist/ (built on the CPU machine, see docs/performance.md) when it
@@ -61,7 +61,7 @@ timeout 120 python3 tests/gpu_sanitize_cases.py || { echo "smoke test failed or 
 
 run_tests() {
   echo "== GPU tests"
-  timeout "${TESTS_TIMEOUT:-540}" python3 -P -m pytest -q -m gpu -p no:cacheprovider ${TESTS_ARGS:-} tests 2>&1 | tee "$OUT/tests.log" | tail -40
+  timeout "${TESTS_TIMEOUT:-540}" python3 -P -m pytest -q -m gpu -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} ${TESTS_ARGS:-} tests 2>&1 | tee "$OUT/tests.log" | tail -40
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 

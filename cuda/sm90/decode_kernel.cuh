@@ -254,11 +254,6 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
     PFragment pf;
 
     ptx::mbarrier_wait(&s.q_full, piece_count & 1);
-    // Q is released (q_empty, one arrival per consumer and piece) as soon as this consumer's last
-    // Q K^T of the piece completed, so the producer loads the next piece's Q while this piece's last
-    // softmax, P V and epilogue run. A consumer that owns no tile of the piece releases it now.
-    const bool owns_a_tile = st.stage == consumer || w.end_block - w.begin_block > 1;
-    if (!owns_a_tile && elected) ptx::mbarrier_arrive(&s.q_empty);
 
     // Tiles of this piece, in order. The wgmma groups in flight when a step starts: for an owned
     // tile, [other's P V of the previous tile,] our S of this tile; for the other's tile, our own
@@ -277,8 +272,6 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
         }
         wgmma_wait<0>();
         fence_operands(sc);
-        // No Q K^T of ours follows in this piece (the next tile is the other's, or none).
-        if (blk + 2 >= w.end_block && elected) ptx::mbarrier_arrive(&s.q_empty);
         owner_step<Element>(s, st, rc, consumer, t, visible, visible_min, scale_log2, sc, pf, rs, o);
       } else {
         // Our own P V of the previous tile must be done before O is rescaled.
@@ -295,7 +288,11 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
     wgmma_wait<0>();
     fence_operands(o);
     fence_operands(pf);
-    if (elected) kv.release_stage(pending_release);
+    if (elected) {
+      kv.release_stage(pending_release);
+      // Q is no longer read: let the producer load the next request's Q while we finish.
+      ptx::mbarrier_arrive(&s.q_empty);
+    }
 
     // Epilogue: full row sums over both consumers, normalise, store.
     const int parity = piece_count & 1;
@@ -339,8 +336,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                   const __grid_constant__ CUtensorMap kv_map) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<SharedStorage<Element>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                                       ~uintptr_t(1023));
+  // Aligned by pointer arithmetic on the shared array itself, not through an integer: the compiler
+  // then still knows every access through `s` is to shared memory and emits LDS / STS, not generic
+  // LD / ST (row maxima, P, row sums, zeroed V rows, all on the tile's critical path).
+  const uint32_t misalign = ptx::smem_addr(smem_raw) & 1023u;
+  auto& s = *reinterpret_cast<SharedStorage<Element>*>(smem_raw + ((1024u - misalign) & 1023u));
   // The CTAs of a cluster are row blocks of the same part: they walk the same tiles and share
   // every tile's loads (kv_producer.cuh). Launched without a cluster, this is a cluster of one.
   const int cluster_size = static_cast<int>(ptx::cluster_nctarank());
