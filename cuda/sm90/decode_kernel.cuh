@@ -177,7 +177,10 @@ __device__ __forceinline__ void owner_step(SharedStorage<Element>& s, const Pipe
     s.row_max[st.stage][rc.row[0]] = rs.m[0];
     s.row_max[st.stage][rc.row[1]] = rs.m[1];
   }
-  exponentiate(sc, scale_log2, m_ref);
+  float tile_sum[2];
+  exponentiate(sc, scale_log2, m_ref, tile_sum);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) rs.l[i] = rs.l[i] * alpha[i] + tile_sum[i];
   pack_p<Element>(sc, pf);
   store_p(pf, rc, reinterpret_cast<uint8_t*>(&s.kv[st.stage][kKvRopeBox][0]));
   const bool last_tile = t.first_token + kBlockN > t.seq_len;
@@ -188,11 +191,6 @@ __device__ __forceinline__ void owner_step(SharedStorage<Element>& s, const Pipe
   if (last_tile) ptx::named_barrier_sync(kBarConsumer + consumer, 128);
   rescale_o(o, alpha);
   issue_pv_own<Element>(s, st.stage, consumer, pf, o);
-  // The row sums, while the tensor cores work (sc still holds the fp32 P).
-  float tile_sum[2];
-  partial_row_sums(sc, tile_sum);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) rs.l[i] = rs.l[i] * alpha[i] + tile_sum[i];
 }
 
 // The other consumer's step for the tile in stage st: adopt the owner's running max, then its own
@@ -336,11 +334,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                   const __grid_constant__ CUtensorMap kv_map) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
-  // Aligned by pointer arithmetic on the shared array itself, not through an integer: the compiler
-  // then still knows every access through `s` is to shared memory and emits LDS / STS, not generic
-  // LD / ST (row maxima, P, row sums, zeroed V rows, all on the tile's critical path).
-  const uint32_t misalign = ptx::smem_addr(smem_raw) & 1023u;
-  auto& s = *reinterpret_cast<SharedStorage<Element>*>(smem_raw + ((1024u - misalign) & 1023u));
+  auto& s = *reinterpret_cast<SharedStorage<Element>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                                       ~uintptr_t(1023));
   // The CTAs of a cluster are row blocks of the same part: they walk the same tiles and share
   // every tile's loads (kv_producer.cuh). Launched without a cluster, this is a cluster of one.
   const int cluster_size = static_cast<int>(ptx::cluster_nctarank());

@@ -70,32 +70,21 @@ __device__ __forceinline__ void tile_row_max(const ScoreFragment& s, float scale
   }
 }
 
-// P = exp2(s * scale_log2 - m) in place.
-__device__ __forceinline__ void exponentiate(ScoreFragment& s, float scale_log2, const float (&m_ref)[2]) {
+// P = exp2(s * scale_log2 - m) in place; returns this thread's partial row sums.
+__device__ __forceinline__ void exponentiate(ScoreFragment& s, float scale_log2, const float (&m_ref)[2],
+                                             float (&partial_sum)[2]) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < 2; ++i) {
+    float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < kTileKeys / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = s[4 * j + 2 * i + e];
         x = ptx::exp2_approx(fmaf(x, scale_log2, -m_ref[i]));
+        sum += x;
       }
-}
-
-// This thread's partial row sums of P (fp32, before rounding to 16 bits). Separate from
-// exponentiate so that the owner computes them after publishing P and issuing its P V: the sums
-// are needed only at the end of the piece, so they stay off the tile's critical path.
-__device__ __forceinline__ void partial_row_sums(const ScoreFragment& p, float (&partial_sum)[2]) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float a = 0.f, b = 0.f;  // two chains: half the dependent-add latency
-#pragma unroll
-    for (int j = 0; j < kTileKeys / 8; j += 2) {
-      a += p[4 * j + 2 * i] + p[4 * j + 2 * i + 1];
-      b += p[4 * (j + 1) + 2 * i] + p[4 * (j + 1) + 2 * i + 1];
-    }
-    partial_sum[i] = a + b;
+    partial_sum[i] = sum;
   }
 }
 
