@@ -106,14 +106,20 @@ run_ncu() {
 # A/B of launch-time variants in one call: the benchmark once per variant (a fresh process each, since
 # the CUDA handler reads its environment once), on the configs of AB_ONLY, then one table of us per
 # call, config x variant. AB_VARIANTS: space-separated variants, each a comma-separated list of
-# VAR=value (e.g. "JAX_MLA_KV_PREFETCH=0 JAX_MLA_KV_PREFETCH=2,JAX_MLA_SM90_CLUSTER=1"). nvidia-smi
-# dmon logs the clocks meanwhile (dmon.log).
+# VAR=value (e.g. "JAX_MLA_SM90_CLUSTER=0 JAX_MLA_SM90_CLUSTER=1 PYTHONPATH=/tmp/other_install").
+# nvidia-smi dmon logs the clocks meanwhile (dmon.log).
+# with_variant VARIANT CMD...: runs CMD with the variant's VAR=value pairs in its environment.
+with_variant() {
+  local v="$1"; shift
+  env $(echo "$v" | tr ',' ' ') "$@"
+}
+
 run_ab() {
   echo "== A/B: ${AB_VARIANTS:-}"
   (nvidia-smi dmon -s pc -d 2 > "$OUT/dmon.log" 2>&1 &) ; local i=0 tags=()
   for v in ${AB_VARIANTS:-}; do
     i=$((i + 1)); tags+=("$v")
-    env $(echo "$v" | tr ',' ' ') timeout "${AB_TIMEOUT:-200}" python3 benchmarks/bench_decode.py --no-ceilings \
+    with_variant "$v" timeout "${AB_TIMEOUT:-200}" python3 benchmarks/bench_decode.py --no-ceilings \
       --repeats "${AB_REPEATS:-7}" --only "${AB_ONLY:-b128_sq1_h128_4k,b64_sq1_h16_8k}" --json "$OUT/ab-$i.json" \
       > "$OUT/ab-$i.log" 2>&1 || { echo "variant $v failed (exit $?)"; tail -5 "$OUT/ab-$i.log"; status=1; }
   done
@@ -154,10 +160,10 @@ PYEOF
 # CSV (src-N.csv, in the log archive) plus the speed-of-light and warp-state summaries.
 run_ncusrc() {
   local cfg="${NCUSRC_CONFIG:-b128_sq1_h128_4k}" i=0
-  for v in ${NCUSRC_VARIANTS:-JAX_MLA_KV_PREFETCH=0}; do
+  for v in ${NCUSRC_VARIANTS:-JAX_MLA_SM90_CLUSTER=0}; do
     i=$((i + 1))
     echo "== ncu source counters: $cfg, $v"
-    env $(echo "$v" | tr ',' ' ') timeout 180 ncu --clock-control none -k regex:decode_kernel -s 2 -c 1 \
+    with_variant "$v" timeout 180 ncu --clock-control none -k regex:decode_kernel -s 2 -c 1 \
       --section SourceCounters --section WarpStateStats --section SpeedOfLight --section MemoryWorkloadAnalysis \
       -o "$OUT/prof-$i" python3 benchmarks/profile_one.py "$cfg" > "$OUT/ncusrc-$i.log" 2>&1 || { echo "ncu failed"; tail -5 "$OUT/ncusrc-$i.log"; continue; }
     ncu -i "$OUT/prof-$i.ncu-rep" --page source --csv --print-source sass > "$OUT/src-$i.csv" 2>&1
