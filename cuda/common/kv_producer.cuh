@@ -94,6 +94,14 @@ struct DecodeKVProducer {
   PipelineState<kNumStages> state;
   int cta_rank = 0;      // this CTA's rank in the cluster sharing the tiles
   int cluster_size = 1;  // CTAs sharing every tile (1, 2, ...)
+  KvL2Hint l2_hint = KvL2Hint::kNone;
+  uint64_t l2_policy = 0;  // from l2_policy_* when l2_hint is set
+
+  __device__ __forceinline__ void set_l2_hint(KvL2Hint hint) {
+    l2_hint = hint;
+    if (hint == KvL2Hint::kEvictFirst) l2_policy = ptx::l2_policy_evict_first();
+    if (hint == KvL2Hint::kEvictLast) l2_policy = ptx::l2_policy_evict_last();
+  }
 
   __device__ __forceinline__ Element* stage_ptr(int stage) const {
     return smem + static_cast<size_t>(stage) * kKvBoxesQK * kKvBoxElems;
@@ -154,8 +162,12 @@ struct DecodeKVProducer {
 #pragma unroll
         for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
           if (k < t.copies) {
-            ptx::tma_load_2d(dst + box * kKvBoxElems + k * t.box_rows * kKvBoxCols, kv.map, bar, box * kKvBoxCols,
-                             t.rows[k]);
+            Element* box_dst = dst + box * kKvBoxElems + k * t.box_rows * kKvBoxCols;
+            if (l2_hint == KvL2Hint::kNone) {
+              ptx::tma_load_2d(box_dst, kv.map, bar, box * kKvBoxCols, t.rows[k]);
+            } else {
+              ptx::tma_load_2d_hint(box_dst, kv.map, bar, box * kKvBoxCols, t.rows[k], l2_policy);
+            }
           }
         }
       } else if (box % cluster_size == cta_rank) {
@@ -186,6 +198,7 @@ __device__ __forceinline__ void produce_part(DecodeKVProducer<Element, kNumStage
                                              Element* q_smem,  // (9 boxes, BLK_M, 64)
                                              uint64_t* q_full, uint64_t* q_empty, OnPiece on_piece, OnTile on_tile) {
   const int log2_page = 31 - __clz(p.page_size);
+  producer.set_l2_hint(p.kv_l2_hint);
   int piece_count = 0;
   for (int r = part_info[kPartBeginReq]; r <= part_info[kPartEndReq]; ++r) {
     const PieceOfWork w = piece_of(part_info, split_offsets, p.seq_lens, r);

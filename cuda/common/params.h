@@ -10,6 +10,9 @@ namespace jax_mla {
 
 enum class DType : int { kBF16 = 0, kF16 = 1 };
 
+// L2 eviction priority of the KV cache copies (GPU kernels with a TMA producer).
+enum class KvL2Hint : int { kNone = 0, kEvictFirst = 1, kEvictLast = 2 };
+
 struct DecodeParams {
   // Shapes.
   int batch;         // b
@@ -30,6 +33,10 @@ struct DecodeParams {
   // SM count for sizing persistent grids (0: unknown, the launchers assume 132).
   int cluster_row_blocks = 1;
   int sm_count = 0;
+  KvL2Hint kv_l2_hint = KvL2Hint::kNone;
+  // SM90 without clusters: grid (row blocks, parts) instead of (parts, row blocks), so the row
+  // blocks of one part, which read the same KV tiles, get consecutive CTA ids.
+  bool row_blocks_adjacent = false;
 
   // Inputs (device or host pointers, per platform).
   const void* q;                // (b, s_q, h_q, 576)       row-major

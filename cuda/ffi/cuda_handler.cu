@@ -72,6 +72,9 @@ struct ProcessEnv {
   SelfCheckMode mode = SelfCheckMode::kDefault;
   bool mode_valid = true;
   int sm90_cluster = -1;   // JAX_MLA_SM90_CLUSTER: 1 forces row-block clusters, 0 turns them off, -1 unset
+  // Launch-time experiments, measured in docs/performance.md (defaults: what measured fastest).
+  KvL2Hint kv_l2_hint = KvL2Hint::kNone;  // JAX_MLA_KV_L2_HINT: none | evict_first | evict_last
+  bool row_blocks_adjacent = false;       // JAX_MLA_SM90_GRID: parts_major (default) | row_blocks_adjacent
 };
 
 const ProcessEnv& process_env() {
@@ -84,6 +87,18 @@ const ProcessEnv& process_env() {
     e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
     const char* cl = std::getenv("JAX_MLA_SM90_CLUSTER");
     if (cl && *cl) e.sm90_cluster = std::atoi(cl) != 0 ? 1 : 0;
+    // Unknown values keep the default (these are tuning switches, not semantics).
+    if (const char* h = std::getenv("JAX_MLA_KV_L2_HINT")) {
+      const std::string v = h;
+      if (v == "evict_first") e.kv_l2_hint = KvL2Hint::kEvictFirst;
+      if (v == "evict_last") e.kv_l2_hint = KvL2Hint::kEvictLast;
+      if (v == "none") e.kv_l2_hint = KvL2Hint::kNone;
+    }
+    if (const char* g = std::getenv("JAX_MLA_SM90_GRID")) {
+      const std::string v = g;
+      if (v == "row_blocks_adjacent") e.row_blocks_adjacent = true;
+      if (v == "parts_major") e.row_blocks_adjacent = false;
+    }
     return e;
   }();
   return env;
@@ -227,6 +242,8 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
 
   p.sm_count = g_devices[device].sm_count;
   p.cluster_row_blocks = g_devices[device].sm90_cluster_row_blocks;
+  p.kv_l2_hint = process_env().kv_l2_hint;
+  p.row_blocks_adjacent = process_env().row_blocks_adjacent && p.cluster_row_blocks == 1;
   uint8_t* ws = static_cast<uint8_t*>(workspace->untyped_data());
   const WorkspaceLayout layout = workspace_layout(p.batch, p.rows, p.num_parts);
   p.partial_lse = reinterpret_cast<float*>(ws + layout.partial_lse_offset);

@@ -1,8 +1,8 @@
 // The SM90 MLA decode kernel: roles, main loop and the "seesaw" protocol between the two consumers.
 // See config.h for the CTA layout and docs/design.md for the semantics.
 //
-// Grid: (num_parts, num_m_blocks). CTA (p, mb) walks the pieces of work of part p of the split-KV
-// schedule (cuda/common/scheduler.h) for query rows [64 mb, 64 mb + 64) of each request.
+// Grid: (num_parts, num_m_blocks), or (num_m_blocks, num_parts) with p.row_blocks_adjacent. CTA
+// (p, mb) walks the pieces of work of part p of the split-KV schedule (cuda/common/scheduler.h) for query rows [64 mb, 64 mb + 64) of each request.
 //
 // The CTA's KV tiles form one sequence g = 0, 1, 2, ... over all its pieces (the producer's ring
 // order): tile g lives in stage g % 2 and is owned by consumer w = g % 2. Both consumers keep the
@@ -358,7 +358,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   ptx::grid_dependency_wait();
   ptx::grid_launch_dependents();
 
-  const int32_t* part_info = p.schedule + static_cast<int64_t>(blockIdx.x) * kPartFields;
+  const int part = p.row_blocks_adjacent ? blockIdx.y : blockIdx.x;
+  const int m_block = p.row_blocks_adjacent ? blockIdx.x : blockIdx.y;
+  const int32_t* part_info = p.schedule + static_cast<int64_t>(part) * kPartFields;
   const int32_t* split_offsets = p.schedule + static_cast<int64_t>(p.num_parts) * kPartFields;
   // Warp-uniform by construction (a shuffle from lane 0), so branches on it are not divergent for
   // ptxas: wgmma in a branch it cannot prove uniform gets serialized.
@@ -366,12 +368,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      producer_main(s, p, &q_map, &kv_map, part_info, split_offsets, blockIdx.y, cta_rank, cluster_size);
+      producer_main(s, p, &q_map, &kv_map, part_info, split_offsets, m_block, cta_rank, cluster_size);
     }
     __syncwarp();
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    consumer_main(s, p, part_info, split_offsets, blockIdx.y, warpgroup - 1, cluster_size);
+    consumer_main(s, p, part_info, split_offsets, m_block, warpgroup - 1, cluster_size);
   }
   // No CTA may exit while a peer can still multicast into its shared memory or arrive on its
   // barriers: every peer has released its last stage before it gets here.

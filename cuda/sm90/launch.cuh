@@ -38,12 +38,12 @@ template <typename Element>
 cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
                           cudaStream_t stream) {
   const int m_blocks = (p.rows + kBlockM - 1) / kBlockM;
+  const dim3 grid = p.row_blocks_adjacent ? dim3(m_blocks, p.num_parts) : dim3(p.num_parts, m_blocks);
   cudaLaunchAttribute attrs[2];
-  cudaLaunchConfig_t cfg =
-      pdl_launch_config(dim3(p.num_parts, m_blocks), dim3(kThreads), kSmemBytes<Element>, stream, &attrs[0]);
+  cudaLaunchConfig_t cfg = pdl_launch_config(grid, dim3(kThreads), kSmemBytes<Element>, stream, &attrs[0]);
   // Row blocks of one part read the same KV tiles: as a cluster they share each tile's loads by TMA
   // multicast, halving the L2 -> SM traffic for pairs.
-  if (p.cluster_row_blocks > 1 && m_blocks % p.cluster_row_blocks == 0) {
+  if (!p.row_blocks_adjacent && p.cluster_row_blocks > 1 && m_blocks % p.cluster_row_blocks == 0) {
     attrs[1].id = cudaLaunchAttributeClusterDimension;
     attrs[1].val.clusterDim.x = 1;
     attrs[1].val.clusterDim.y = p.cluster_row_blocks;
