@@ -37,6 +37,9 @@ struct DecodeParams {
   // SM90 without clusters: grid (row blocks, parts) instead of (parts, row blocks), so the row
   // blocks of one part, which read the same KV tiles, get consecutive CTA ids.
   bool row_blocks_adjacent = false;
+  // SM90 with clusters: whether the CTAs of a cluster share each KV tile by multicast (true), or
+  // the cluster only places a part's row blocks on one GPC and each CTA loads its own tiles.
+  bool cluster_shares_tiles = true;
 
   // Inputs (device or host pointers, per platform).
   const void* q;                // (b, s_q, h_q, 576)       row-major

@@ -71,10 +71,12 @@ struct ProcessEnv {
   std::string self_check;  // JAX_MLA_SELFCHECK
   SelfCheckMode mode = SelfCheckMode::kDefault;
   bool mode_valid = true;
-  int sm90_cluster = -1;   // JAX_MLA_SM90_CLUSTER: 1 forces row-block clusters, 0 turns them off, -1 unset
+  int sm90_cluster = -1;   // JAX_MLA_SM90_CLUSTER: 1 forces row-block clusters, 0 turns them off, -1 unset,
+                           // "placement": clusters that only co-locate the row blocks (no shared loads)
+  bool sm90_cluster_placement = false;
   // Launch-time experiments, measured in docs/performance.md (defaults: what measured fastest).
-  KvL2Hint kv_l2_hint = KvL2Hint::kNone;  // JAX_MLA_KV_L2_HINT: none | evict_first | evict_last
-  bool row_blocks_adjacent = false;       // JAX_MLA_SM90_GRID: parts_major (default) | row_blocks_adjacent
+  KvL2Hint kv_l2_hint = KvL2Hint::kEvictFirst;  // JAX_MLA_KV_L2_HINT: evict_first (default) | none | evict_last
+  bool row_blocks_adjacent = true;  // JAX_MLA_SM90_GRID: row_blocks_adjacent (default) | parts_major
 };
 
 const ProcessEnv& process_env() {
@@ -86,7 +88,10 @@ const ProcessEnv& process_env() {
     e.self_check = c ? c : "";
     e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
     const char* cl = std::getenv("JAX_MLA_SM90_CLUSTER");
-    if (cl && *cl) e.sm90_cluster = std::atoi(cl) != 0 ? 1 : 0;
+    if (cl && *cl) {
+      e.sm90_cluster_placement = std::string(cl) == "placement";
+      e.sm90_cluster = e.sm90_cluster_placement || std::atoi(cl) != 0 ? 1 : 0;
+    }
     // Unknown values keep the default (these are tuning switches, not semantics).
     if (const char* h = std::getenv("JAX_MLA_KV_L2_HINT")) {
       const std::string v = h;
@@ -244,6 +249,7 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   p.cluster_row_blocks = g_devices[device].sm90_cluster_row_blocks;
   p.kv_l2_hint = process_env().kv_l2_hint;
   p.row_blocks_adjacent = process_env().row_blocks_adjacent && p.cluster_row_blocks == 1;
+  p.cluster_shares_tiles = !process_env().sm90_cluster_placement;
   uint8_t* ws = static_cast<uint8_t*>(workspace->untyped_data());
   const WorkspaceLayout layout = workspace_layout(p.batch, p.rows, p.num_parts);
   p.partial_lse = reinterpret_cast<float*>(ws + layout.partial_lse_offset);

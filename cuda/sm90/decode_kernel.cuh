@@ -2,7 +2,8 @@
 // See config.h for the CTA layout and docs/design.md for the semantics.
 //
 // Grid: (num_parts, num_m_blocks), or (num_m_blocks, num_parts) with p.row_blocks_adjacent. CTA
-// (p, mb) walks the pieces of work of part p of the split-KV schedule (cuda/common/scheduler.h) for query rows [64 mb, 64 mb + 64) of each request.
+// (p, mb) walks the pieces of work of part p of the split-KV schedule (cuda/common/scheduler.h)
+// for query rows [64 mb, 64 mb + 64) of each request.
 //
 // The CTA's KV tiles form one sequence g = 0, 1, 2, ... over all its pieces (the producer's ring
 // order): tile g lives in stage g % 2 and is owned by consumer w = g % 2. Both consumers keep the
@@ -338,8 +339,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                        ~uintptr_t(1023));
   // The CTAs of a cluster are row blocks of the same part: they walk the same tiles and share
   // every tile's loads (kv_producer.cuh). Launched without a cluster, this is a cluster of one.
-  const int cluster_size = static_cast<int>(ptx::cluster_nctarank());
-  const int cta_rank = static_cast<int>(ptx::cluster_ctarank());
+  // With p.cluster_shares_tiles off the cluster only co-locates the row blocks, and each CTA
+  // runs as a cluster of one.
+  const int cluster_size = p.cluster_shares_tiles ? static_cast<int>(ptx::cluster_nctarank()) : 1;
+  const int cta_rank = p.cluster_shares_tiles ? static_cast<int>(ptx::cluster_ctarank()) : 0;
   if (threadIdx.x == 0) {
     ptx::prefetch_tensor_map(&q_map);
     ptx::prefetch_tensor_map(&kv_map);
