@@ -86,6 +86,14 @@ def time_step(fn, args, repeats: int, calls: int) -> float:
     return times[len(times) // 2]
 
 
+def _decode_stats(jax_mla, backend):
+    """(decode handler runs, of which traced into a CUDA graph) so far in this process; None off GPU."""
+    if backend != "gpu":
+        return None
+    st = jax_mla._ext.cuda_call_stats()
+    return (int(st["decode_calls"]), int(st["decode_captured"]))
+
+
 def measure_ceilings():
     """Device-to-device copy bandwidth (read + write) and bf16 matmul rate on this machine."""
     import jax
@@ -179,9 +187,16 @@ def main() -> int:
         impl = "jax_mla" if args.kernel == "auto" else f"jax_mla[{args.kernel}]"
         first_row = len(rows)  # this config's rows start here
         for num_parts in part_counts:
+            before = _decode_stats(jax_mla, backend)
             us = time_step(make_step(op, num_parts), (q, cache, tables, seq_lens), args.repeats, calls)
-            rows.append(dict(name=cfg.name, impl=impl + (f"/p{num_parts}" if num_parts else ""), kernel=args.kernel,
-                             num_parts=num_parts, us=us, rel_err=err, calls=calls, sets=num_sets))
+            after = _decode_stats(jax_mla, backend)
+            # Decode calls of this row that ran the handler, and how many of those were traced into a
+            # CUDA graph (replays of a recorded graph do not run the handler at all).
+            row = dict(name=cfg.name, impl=impl + (f"/p{num_parts}" if num_parts else ""), kernel=args.kernel,
+                       num_parts=num_parts, us=us, rel_err=err, calls=calls, sets=num_sets)
+            if before is not None:
+                row.update(handler_calls=after[0] - before[0], traced_calls=after[1] - before[1])
+            rows.append(row)
         if args.xla:
             xla_op = lambda q, c, t, s: reference.mla_decode_reference(q, c, t, s, causal=cfg.causal)[0]  # noqa
             xcalls = max(2, calls // 8)
@@ -199,7 +214,9 @@ def main() -> int:
             r["pct_bw"] = 100 * r["gbps"] / copy_gbps
             r["pct_mm"] = 100 * r["tflops"] / mm_tflops
             r["vs_best"] = r["us"] / cfg.best_graph_us
-            print(f"# {r['name']:<26} {r['impl']:<18} {r['us']:9.1f} us  err {r['rel_err']:.2e}", flush=True)
+            graph = (f"  handler runs {r['handler_calls']}, traced into a graph {r['traced_calls']}"
+                     if "handler_calls" in r else "")
+            print(f"# {r['name']:<26} {r['impl']:<18} {r['us']:9.1f} us  err {r['rel_err']:.2e}{graph}", flush=True)
         del q, cache, tables, seq_lens
 
     print()
