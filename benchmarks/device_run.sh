@@ -157,17 +157,24 @@ PYEOF
 
 # Where the decode kernel's warps stall, per SASS instruction: ncu's source counters (warp-state
 # sampling) of one call of NCUSRC_CONFIG, once per variant of NCUSRC_VARIANTS (as AB_VARIANTS), as
-# CSV (src-N.csv, in the log archive) plus the speed-of-light and warp-state summaries.
+# CSV (src-N.csv, in the log archive) plus the speed-of-light and warp-state summaries. The
+# details page is printed with --print-details all (details-N.log), which adds the breakdown of
+# each speed-of-light throughput into its sub-metrics (which L2 unit is the 85%).
+# NCUSRC_SECTIONS replaces the sections (e.g. "SpeedOfLight MemoryWorkloadAnalysis" for a quick
+# memory-only look without the per-instruction sampling passes).
 run_ncusrc() {
   local cfg="${NCUSRC_CONFIG:-b128_sq1_h128_4k}" i=0
   for v in ${NCUSRC_VARIANTS:-JAX_MLA_SM90_CLUSTER=0}; do
     i=$((i + 1))
     echo "== ncu source counters: $cfg, $v"
     with_variant "$v" timeout 180 ncu --clock-control none -k regex:decode_kernel -s 2 -c 1 \
-      --section SourceCounters --section WarpStateStats --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      $(for sec in ${NCUSRC_SECTIONS:-SourceCounters WarpStateStats SpeedOfLight MemoryWorkloadAnalysis}; do echo --section $sec; done) \
       -o "$OUT/prof-$i" python3 benchmarks/profile_one.py "$cfg" > "$OUT/ncusrc-$i.log" 2>&1 || { echo "ncu failed"; tail -5 "$OUT/ncusrc-$i.log"; continue; }
-    ncu -i "$OUT/prof-$i.ncu-rep" --page source --csv --print-source sass > "$OUT/src-$i.csv" 2>&1
-    ncu -i "$OUT/prof-$i.ncu-rep" --page details > "$OUT/details-$i.log" 2>&1
+    case " ${NCUSRC_SECTIONS:-SourceCounters} " in
+      *" SourceCounters "*) ncu -i "$OUT/prof-$i.ncu-rep" --page source --csv --print-source sass > "$OUT/src-$i.csv" 2>&1 ;;
+    esac
+    ncu -i "$OUT/prof-$i.ncu-rep" --page details --print-details all > "$OUT/details-$i.log" 2>&1 ||
+      ncu -i "$OUT/prof-$i.ncu-rep" --page details > "$OUT/details-$i.log" 2>&1
     grep -E "Duration|Throughput|Hit Rate|Warp Cycles Per Issued|Issue Slots|Stall" "$OUT/details-$i.log" | head -24
     rm -f "$OUT/prof-$i.ncu-rep"
   done
