@@ -88,21 +88,45 @@ const ProcessEnv& process_env() {
     e.self_check = c ? c : "";
     e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
     const char* cl = std::getenv("JAX_MLA_SM90_CLUSTER");
+    // These are tuning switches, not semantics: an unknown value keeps the default, with a warning
+    // on stderr (once per process) so that a typo does not pass for a measurement.
+    auto unknown = [](const char* var, const std::string& v, const char* allowed) {
+      std::fprintf(stderr, "jax_mla: WARNING: ignoring %s=\"%s\" (allowed: %s); using the default\n", var, v.c_str(),
+                   allowed);
+      std::fflush(stderr);
+    };
     if (cl && *cl) {
-      e.sm90_cluster_placement = std::string(cl) == "placement";
-      e.sm90_cluster = e.sm90_cluster_placement || std::atoi(cl) != 0 ? 1 : 0;
+      const std::string v = cl;
+      e.sm90_cluster_placement = v == "placement";
+      if (v == "placement" || v == "1") {
+        e.sm90_cluster = 1;
+      } else if (v == "0") {
+        e.sm90_cluster = 0;
+      } else {
+        unknown("JAX_MLA_SM90_CLUSTER", v, "0, 1, placement");
+      }
     }
-    // Unknown values keep the default (these are tuning switches, not semantics).
-    if (const char* h = std::getenv("JAX_MLA_KV_L2_HINT")) {
+    if (const char* h = std::getenv("JAX_MLA_KV_L2_HINT"); h && *h) {
       const std::string v = h;
-      if (v == "evict_first") e.kv_l2_hint = KvL2Hint::kEvictFirst;
-      if (v == "evict_last") e.kv_l2_hint = KvL2Hint::kEvictLast;
-      if (v == "none") e.kv_l2_hint = KvL2Hint::kNone;
+      if (v == "evict_first") {
+        e.kv_l2_hint = KvL2Hint::kEvictFirst;
+      } else if (v == "evict_last") {
+        e.kv_l2_hint = KvL2Hint::kEvictLast;
+      } else if (v == "none") {
+        e.kv_l2_hint = KvL2Hint::kNone;
+      } else {
+        unknown("JAX_MLA_KV_L2_HINT", v, "evict_first, evict_last, none");
+      }
     }
-    if (const char* g = std::getenv("JAX_MLA_SM90_GRID")) {
+    if (const char* g = std::getenv("JAX_MLA_SM90_GRID"); g && *g) {
       const std::string v = g;
-      if (v == "row_blocks_adjacent") e.row_blocks_adjacent = true;
-      if (v == "parts_major") e.row_blocks_adjacent = false;
+      if (v == "row_blocks_adjacent") {
+        e.row_blocks_adjacent = true;
+      } else if (v == "parts_major") {
+        e.row_blocks_adjacent = false;
+      } else {
+        unknown("JAX_MLA_SM90_GRID", v, "row_blocks_adjacent, parts_major");
+      }
     }
     return e;
   }();
