@@ -19,6 +19,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 
@@ -65,6 +67,24 @@ std::atomic<long long> g_decode_captured{0};
 // Whether the SM90 kernel uses row-block clusters by default (measured slower: docs/performance.md v5).
 constexpr bool kSm90ClusterDefault = false;
 
+// Index of the value of environment variable `var` in `names`, or `fallback` when it is unset or
+// empty. An unknown value also gives `fallback`, with a warning on stderr: these variables are
+// tuning switches, and a typo must not pass for a measured variant.
+int env_choice(const char* var, std::initializer_list<const char*> names, int fallback) {
+  const char* v = std::getenv(var);
+  if (v == nullptr || *v == 0) return fallback;
+  std::string allowed;
+  int index = 0;
+  for (const char* name : names) {
+    if (std::strcmp(v, name) == 0) return index;
+    allowed += (index++ ? ", " : "") + std::string(name);
+  }
+  std::fprintf(stderr, "jax_mla: WARNING: ignoring %s=\"%s\" (allowed: %s); using the default\n", var, v,
+               allowed.c_str());
+  std::fflush(stderr);
+  return fallback;
+}
+
 // The environment as this process read it, once.
 struct ProcessEnv {
   std::string kernel;      // JAX_MLA_KERNEL
@@ -87,47 +107,15 @@ const ProcessEnv& process_env() {
     e.kernel = k ? k : "";
     e.self_check = c ? c : "";
     e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
-    const char* cl = std::getenv("JAX_MLA_SM90_CLUSTER");
-    // These are tuning switches, not semantics: an unknown value keeps the default, with a warning
-    // on stderr (once per process) so that a typo does not pass for a measurement.
-    auto unknown = [](const char* var, const std::string& v, const char* allowed) {
-      std::fprintf(stderr, "jax_mla: WARNING: ignoring %s=\"%s\" (allowed: %s); using the default\n", var, v.c_str(),
-                   allowed);
-      std::fflush(stderr);
-    };
-    if (cl && *cl) {
-      const std::string v = cl;
-      e.sm90_cluster_placement = v == "placement";
-      if (v == "placement" || v == "1") {
-        e.sm90_cluster = 1;
-      } else if (v == "0") {
-        e.sm90_cluster = 0;
-      } else {
-        unknown("JAX_MLA_SM90_CLUSTER", v, "0, 1, placement");
-      }
-    }
-    if (const char* h = std::getenv("JAX_MLA_KV_L2_HINT"); h && *h) {
-      const std::string v = h;
-      if (v == "evict_first") {
-        e.kv_l2_hint = KvL2Hint::kEvictFirst;
-      } else if (v == "evict_last") {
-        e.kv_l2_hint = KvL2Hint::kEvictLast;
-      } else if (v == "none") {
-        e.kv_l2_hint = KvL2Hint::kNone;
-      } else {
-        unknown("JAX_MLA_KV_L2_HINT", v, "evict_first, evict_last, none");
-      }
-    }
-    if (const char* g = std::getenv("JAX_MLA_SM90_GRID"); g && *g) {
-      const std::string v = g;
-      if (v == "row_blocks_adjacent") {
-        e.row_blocks_adjacent = true;
-      } else if (v == "parts_major") {
-        e.row_blocks_adjacent = false;
-      } else {
-        unknown("JAX_MLA_SM90_GRID", v, "row_blocks_adjacent, parts_major");
-      }
-    }
+    // Tuning switches (not semantics): JAX_MLA_SM90_CLUSTER, JAX_MLA_KV_L2_HINT, JAX_MLA_SM90_GRID.
+    const int cluster = env_choice("JAX_MLA_SM90_CLUSTER", {"0", "1", "placement"}, -1);
+    if (cluster >= 0) e.sm90_cluster = cluster == 0 ? 0 : 1;
+    e.sm90_cluster_placement = cluster == 2;
+    const int hint = env_choice("JAX_MLA_KV_L2_HINT", {"none", "evict_first", "evict_last"},
+                                static_cast<int>(e.kv_l2_hint));
+    e.kv_l2_hint = static_cast<KvL2Hint>(hint);  // names in KvL2Hint's order
+    e.row_blocks_adjacent = env_choice("JAX_MLA_SM90_GRID", {"parts_major", "row_blocks_adjacent"},
+                                       e.row_blocks_adjacent ? 1 : 0) == 1;
     return e;
   }();
   return env;
