@@ -94,6 +94,8 @@ struct DecodeKVProducer {
   PipelineState<kNumStages> state;
   int cta_rank = 0;      // this CTA's rank in the cluster sharing the tiles
   int cluster_size = 1;  // CTAs sharing every tile (1, 2, ...)
+  // L2 eviction priority of the unicast KV copies (DecodeParams::kv_l2_hint). The multicast
+  // copies of a tile-sharing cluster carry no hint (not measured with one).
   KvL2Hint l2_hint = KvL2Hint::kNone;
   uint64_t l2_policy = 0;  // from l2_policy_* when l2_hint is set
 
