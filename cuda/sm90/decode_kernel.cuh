@@ -279,7 +279,20 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
         fence_operands(pf);  // P's registers stay live until their wgmma completed
         if (pending_release >= 0 && elected) kv.release_stage(pending_release);
         other_step<Element>(s, st, rc, consumer, t, rs, o);
-        if (blk + 1 < w.end_block) issue_scores(s, kv, st.next(), sc);
+        if (blk + 1 < w.end_block) {
+          // Hand this stage back before waiting on the next tile's boxes in issue_scores: left
+          // pending until after that S (as before), the release of tile g waited for tile g + 1 to
+          // land, so the producer could start the load of g + 2 only once g + 1 was in: one
+          // 72 KB load in flight per SM instead of two. The price is the issue gap between our
+          // P V and S (the tensor pipe is fed by the owner's P V meanwhile).
+          wgmma_wait<0>();
+          fence_operands(o);
+          if (elected) kv.release_stage(st.stage);
+          pending_release = -1;
+          issue_scores(s, kv, st.next(), sc);
+          st.advance();
+          continue;
+        }
       }
       pending_release = st.stage;
       st.advance();
