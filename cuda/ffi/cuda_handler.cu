@@ -95,7 +95,7 @@ struct ProcessEnv {
                            // "placement": clusters that only co-locate the row blocks (no shared loads)
   bool sm90_cluster_placement = false;
   // Launch-time experiments, measured in docs/performance.md (defaults: what measured fastest).
-  KvL2Hint kv_l2_hint = KvL2Hint::kEvictFirst;  // JAX_MLA_KV_L2_HINT: evict_first (default) | none | evict_last
+  KvL2Hint kv_l2_hint = KvL2Hint::kNone;  // JAX_MLA_KV_L2_HINT: none (default) | evict_first | evict_last
   bool row_blocks_adjacent = true;  // JAX_MLA_SM90_GRID: row_blocks_adjacent (default) | parts_major
 };
 
