@@ -42,7 +42,9 @@ def main() -> int:
     fig, ax = plt.subplots(figsize=(12, 5))
     for k, (label, us) in enumerate(series.items()):
         ratio = [us[c.name] / floor_us(c) if c.name in us else np.nan for c in CONFIGS]
-        ax.bar(x + (k - (len(series) - 1) / 2) * width, ratio, width, label=label)
+        # tab20 has room for every version; the default cycle repeats after ten series.
+        ax.bar(x + (k - (len(series) - 1) / 2) * width, ratio, width, label=label,
+               color="black" if k == 0 else plt.cm.tab20(k % 20))
     ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="roofline floor")
     ax.set_xticks(x, [n.replace("_", "\n", 2) for n in names], fontsize=8)
     ax.set_ylabel("time / roofline floor (lower is better)")
