@@ -2,7 +2,7 @@
 # One full call on the GPU machine (the `device` tool's H200): install jax_mla, run the GPU tests,
 # the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
-#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc]...   (default: tests bench; run in that order)
+#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump]...   (default: tests bench; run in that order)
 # Environment: TESTS_TIMEOUT, BENCH_TIMEOUT, BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
 # SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
 # spaces: a -k expression must be one word; TESTS_K is passed whole as one -k expression), BENCH_TAG (results file bench-TAG.json, for several
@@ -180,6 +180,30 @@ run_ncusrc() {
   done
 }
 
+# Why the benchmark's decode calls are never traced into a CUDA graph: an XLA dump (optimized HLO)
+# of one benchmark config and of the CUDA-graph test's worker (whose calls are traced), with XLA's
+# command-buffer passes logging at VLOG 3; benchmarks/xla_command_buffers.py prints, per module,
+# how many jax_mla calls landed inside command buffers. The step modules' HLO come back as logs.
+run_xladump() {
+  local cfg="${XLADUMP_CONFIG:-b16_sq1_h128_1k}"
+  echo "== XLA dump: benchmark $cfg and the CUDA-graph worker"
+  rm -rf /tmp/xladump-bench /tmp/xladump-graphs
+  TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_scheduling=3,command_buffer_conversion_pass=3,command_buffer_thunk=2 \
+    XLA_FLAGS="--xla_dump_to=/tmp/xladump-bench --xla_dump_hlo_as_text" timeout 150 \
+    python3 benchmarks/bench_decode.py --only "$cfg" --repeats 3 --no-ceilings > "$OUT/xladump-bench.log" 2>&1
+  echo "benchmark exit $?"
+  TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_scheduling=3,command_buffer_conversion_pass=3,command_buffer_thunk=2 \
+    XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1 --xla_dump_to=/tmp/xladump-graphs --xla_dump_hlo_as_text" \
+    timeout 120 python3 -P tests/gpu_graphs_worker.py /tmp/graphs.pkl > "$OUT/xladump-graphs.log" 2>&1
+  echo "graphs worker exit $?"
+  for d in bench graphs; do
+    echo "-- $d"; python3 benchmarks/xla_command_buffers.py /tmp/xladump-$d | tail -5
+    f=$(ls -S /tmp/xladump-$d/*after_optimizations.txt 2>/dev/null | head -1)
+    [ -n "$f" ] && cp "$f" "$OUT/xladump-$d-hlo.log"
+  done
+  grep -hiE "command.buffer" "$OUT"/xladump-*.log | grep -viE "^\s*%|ROOT" | sort | uniq -c | sort -rn | head -12
+}
+
 # Steps run in the order given on the command line.
 for step in "${steps[@]}"; do
   case "$step" in
@@ -189,6 +213,7 @@ for step in "${steps[@]}"; do
     ncu) run_ncu ;;
     ab) run_ab ;;
     ncusrc) run_ncusrc ;;
+    xladump) run_xladump ;;
     all) run_tests; run_bench; run_sanitize ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
