@@ -14,11 +14,12 @@
 //                        O_w = alpha_g O_w + P V_g[:, w half]   (4 wgmma m64n256k16, P from registers)
 //   other consumer:      waits kBarPReady + stage, reads m_g, alpha_g = exp2(m_{g-1} - m_g);
 //                        O_w = alpha_g O_w + P V_g[:, w half]   (4 wgmma m64n256k16, P from smem)
-//                        then issues S of its own tile g + 1 right behind it.
+//                        waits for that P V, releases the stage, then issues S of its own tile g + 1.
 // So each consumer's wgmma stream is S_g, PV_g (own), PV_{g+1} (other's), S_{g+2}, ... and while one
 // consumer runs its softmax the tensor cores work on the other one's wgmmas. A stage goes back to the
-// producer once both consumers' P V of its tile completed; the producer then refills it with tile
-// g + 2 while tile g + 1 is being computed.
+// producer once both consumers' P V of its tile completed (neither release waits for anything else,
+// so the loads of tiles g + 1 and g + 2 can be in flight together); the producer then refills it
+// with tile g + 2 while tile g + 1 is being computed.
 // Both consumers run the same code (roles follow from g), with warp-uniform branches only, which
 // keeps ptxas from serialising wgmmas on paths it cannot prove warp-uniform.
 #pragma once
