@@ -188,12 +188,12 @@ run_xladump() {
   local cfg="${XLADUMP_CONFIG:-b16_sq1_h128_1k}"
   echo "== XLA dump: benchmark $cfg and the CUDA-graph worker"
   rm -rf /tmp/xladump-bench /tmp/xladump-graphs
-  TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_scheduling=3,command_buffer_conversion_pass=3,command_buffer_thunk=2 \
-    XLA_FLAGS="--xla_dump_to=/tmp/xladump-bench --xla_dump_hlo_as_text" timeout 150 \
+  local vlog=(TF_CPP_MIN_LOG_LEVEL=0
+              TF_CPP_VMODULE=command_buffer_scheduling=3,command_buffer_conversion_pass=3,command_buffer_thunk=2)
+  env "${vlog[@]}" XLA_FLAGS="--xla_dump_to=/tmp/xladump-bench --xla_dump_hlo_as_text" timeout 150 \
     python3 benchmarks/bench_decode.py --only "$cfg" --repeats 3 --no-ceilings > "$OUT/xladump-bench.log" 2>&1
   echo "benchmark exit $?"
-  TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_scheduling=3,command_buffer_conversion_pass=3,command_buffer_thunk=2 \
-    XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1 --xla_dump_to=/tmp/xladump-graphs --xla_dump_hlo_as_text" \
+  env "${vlog[@]}" XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1 --xla_dump_to=/tmp/xladump-graphs --xla_dump_hlo_as_text" \
     timeout 120 python3 -P tests/gpu_graphs_worker.py /tmp/graphs.pkl > "$OUT/xladump-graphs.log" 2>&1
   echo "graphs worker exit $?"
   for d in bench graphs; do

@@ -23,11 +23,13 @@ _TARGET = re.compile(r'custom_call_target="(jax_mla_[a-z_]+)"')
 def summarize(path: str) -> dict:
     per_comp: dict[str, dict[str, int]] = {}
     comp = "?"
+    cb_comps = 0
     for line in open(path, errors="replace"):
         if line and not line[0].isspace():
             m = _HEADER.match(line)
             if m:
                 comp = m.group(1)
+                cb_comps += comp.startswith("command_buffer")
             continue
         t = _TARGET.search(line)
         if t:
@@ -40,8 +42,6 @@ def summarize(path: str) -> dict:
             total[target] = total.get(target, 0) + n
             if c.startswith("command_buffer"):
                 in_cb[target] = in_cb.get(target, 0) + n
-    cb_comps = sum(1 for line in open(path, errors="replace") if line.startswith("%command_buffer")
-                   or line.startswith("command_buffer"))
     return dict(total=total, in_command_buffers=in_cb, command_buffer_computations=cb_comps)
 
 

@@ -256,9 +256,11 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
     ptx::mbarrier_wait(&s.q_full, piece_count & 1);
 
     // Tiles of this piece, in order. The wgmma groups in flight when a step starts: for an owned
-    // tile, [other's P V of the previous tile,] our S of this tile; for the other's tile, our own
-    // P V of the previous tile. The stage of the previous tile is released as soon as our last
-    // wgmma reading it has completed.
+    // tile, our S of this tile; for the other's tile, our own P V of the previous tile. The stage of
+    // the previous tile is released as soon as our last wgmma reading it has completed. (Since
+    // 7fd23b3 the owner's `pending_release >= 0` case below is not reached: the other-tile step
+    // releases before it issues S. It stays for the order where S goes first, which the branch
+    // next/s-when-landed brings back behind a switch.)
     int pending_release = -1;  // stage whose tile our in-flight P V still reads
     if (st.stage == consumer) issue_scores(s, kv, st, sc);
 #pragma unroll 1
