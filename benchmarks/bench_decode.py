@@ -6,8 +6,15 @@ call reads pages the previous one did not); calls are issued back to back, many 
 (XLA cannot merge or hoist them: their block tables differ), after warm-up; the per-call time is the
 median over repeats of (step time / calls per step). The split-KV schedule is planned once per step
 and shared by its calls (as a model's layers share it); --schedule-per-call plans it in every call.
-Unless --no-graphs, XLA command buffers are asked to capture the step into a CUDA graph; the last
-line reports how many decode calls were actually traced into one (_ext.cuda_call_stats()).
+Unless --no-graphs, XLA command buffers are asked to capture the step into a CUDA graph:
+FUSION, CUSTOM_CALL and DYNAMIC_SLICE_FUSION (each call's block table is tables[i], which XLA fuses
+into the call as a dynamic-slice fusion; without that type no decode call was ever captured).
+--no-graphs adds no flag, so XLA's defaults apply; with jax 0.11.2 those captured the step as well
+(2026-12-03). Each row reports how many decode calls were actually traced into a graph
+(_ext.cuda_call_stats()): XLA runs a step's thunks one by one the first time (its warm-up),
+records the graph the second time (both are time_step's untimed warm-up runs), and replays it in the
+timed runs without calling the handler, so a captured row shows handler runs = 2 x calls and
+traced = calls.
 
 Usage: python benchmarks/bench_decode.py [--only NAME[,NAME...]] [--xla] [--kernel portable] [--num-parts 16,33,66]
                                         [--json out.json]
@@ -39,7 +46,7 @@ PAGE_SIZE = 64
 def _setup_xla_flags(graphs: bool) -> None:
     if graphs:
         flags = os.environ.get("XLA_FLAGS", "")
-        flags += " --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
+        flags += " --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL,DYNAMIC_SLICE_FUSION --xla_gpu_graph_min_graph_size=1"
         os.environ["XLA_FLAGS"] = flags.strip()
 
 
@@ -116,7 +123,8 @@ def main() -> int:
     ap.add_argument("--only", default=None,
                     help="comma-separated substrings of config names to run (a config runs if any matches)")
     ap.add_argument("--xla", action="store_true", help="also time the plain-XLA reference")
-    ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="add no command-buffer flags (XLA's defaults apply)")
     ap.add_argument("--schedule-per-call", action="store_true",
                     help="plan the split-KV schedule inside every call instead of once per step")
     ap.add_argument("--repeats", type=int, default=15)

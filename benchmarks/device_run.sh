@@ -180,10 +180,12 @@ run_ncusrc() {
   done
 }
 
-# Why the benchmark's decode calls are never traced into a CUDA graph: an XLA dump (optimized HLO)
-# of one benchmark config and of the CUDA-graph test's worker (whose calls are traced), with XLA's
-# command-buffer passes logging at VLOG 3; benchmarks/xla_command_buffers.py prints, per module,
-# how many jax_mla calls landed inside command buffers. The step modules' HLO come back as logs.
+# Which decode calls XLA captures into CUDA graphs: an XLA dump (optimized HLO) of one benchmark
+# config and of the CUDA-graph test's worker, with XLA's command-buffer passes logging at VLOG 3;
+# benchmarks/xla_command_buffers.py prints, per module, the jax_mla calls and those wrapped in
+# dynamic-slice fusions, and, from the logs, the decode thunks inside the command buffers XLA
+# created and the thunk kinds it left out. The step modules' HLO come back as logs. (It found why
+# the benchmark was never captured until 2026-12-03: DYNAMIC_SLICE_FUSION was not enabled.)
 run_xladump() {
   local cfg="${XLADUMP_CONFIG:-b16_sq1_h128_1k}"
   echo "== XLA dump: benchmark $cfg and the CUDA-graph worker"
@@ -197,7 +199,7 @@ run_xladump() {
     timeout 120 python3 -P tests/gpu_graphs_worker.py /tmp/graphs.pkl > "$OUT/xladump-graphs.log" 2>&1
   echo "graphs worker exit $?"
   for d in bench graphs; do
-    echo "-- $d"; python3 benchmarks/xla_command_buffers.py /tmp/xladump-$d | tail -5
+    echo "-- $d"; python3 benchmarks/xla_command_buffers.py /tmp/xladump-$d "$OUT/xladump-$d.log" | tail -5
     f=$(ls -S /tmp/xladump-$d/*after_optimizations.txt 2>/dev/null | head -1)
     [ -n "$f" ] && cp "$f" "$OUT/xladump-$d-hlo.log"
   done

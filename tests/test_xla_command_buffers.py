@@ -51,3 +51,31 @@ def test_module_without_command_buffers(tmp_path):
     s = _load().summarize(str(path))
     assert s["in_command_buffers"] == {}
     assert s["command_buffer_computations"] == 0
+
+
+def test_counts_calls_inside_dynamic_slice_fusions(tmp_path):
+    # The benchmark's step: each call's block table is tables[i], fused into the call's addressing.
+    hlo = _HLO.replace("%command_buffer (p0", "%dynamic-slice-fusion.3 (p0").replace(
+        "to_apply=%command_buffer", "to_apply=%dynamic-slice-fusion.3")
+    path = tmp_path / "m.txt"
+    path.write_text(hlo)
+    s = _load().summarize(str(path))
+    assert s["in_dynamic_slice_fusions"] == {"jax_mla_decode": 1}
+    assert s["in_command_buffers"] == {}
+
+
+_LOG = """\
+I1203 16:22:53.658613    4257 command_buffer_conversion_pass.cc:392] Thunk kind kDynamicSliceFusion lowering is not enabled by the user for type DYNAMIC_SLICE_FUSION
+I1203 16:22:53.658613    4257 command_buffer_conversion_pass.cc:392] Thunk kind kDynamicSliceFusion lowering is not enabled by the user for type DYNAMIC_SLICE_FUSION
+I1203 16:22:53.658614    4257 command_buffer_conversion_pass.cc:564] Creating command buffer thunk with the following thunks: loop_add_fusion
+I1203 16:22:57.616211    4484 command_buffer_conversion_pass.cc:564] Creating command buffer thunk with the following thunks: input_scatter_fusion, loop_add_fusion, mla_decode_schedule.1, mla_decode.8, wrapped_negate, mla_decode.12
+"""
+
+
+def test_reads_command_buffers_from_the_conversion_log(tmp_path):
+    path = tmp_path / "run.log"
+    path.write_text(_LOG)
+    s = _load().summarize_log(str(path))
+    assert s["command_buffers"] == 2
+    assert s["decode_thunks_in_command_buffers"] == 2  # mla_decode_schedule.1 is not a decode call
+    assert s["not_enabled"] == {"DYNAMIC_SLICE_FUSION": 2}
