@@ -2,7 +2,7 @@
 # One full call on the GPU machine (the `device` tool's H200): install jax_mla, run the GPU tests,
 # the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
-#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump]...   (default: tests bench; run in that order)
+#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|trace]...   (default: tests bench; run in that order)
 # Environment: TESTS_TIMEOUT, BENCH_TIMEOUT, BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
 # SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
 # spaces: a -k expression must be one word; TESTS_K is passed whole as one -k expression), BENCH_TAG (results file bench-TAG.json, for several
@@ -206,6 +206,21 @@ run_xladump() {
   grep -hiE "command.buffer" "$OUT"/xladump-*.log | grep -viE "^\s*%|ROOT" | sort | uniq -c | sort -rn | head -12
 }
 
+# The SM90 kernel's event log (debug build): a wheel configured with -DJAX_MLA_SM90_TRACE=ON, carried
+# in .whl-trace/ (build it on the CPU machine: docs/performance.md), installed apart, and
+# benchmarks/trace_chain.py on TRACE_CONFIG (default b128/4K): per role of each CTA, the clocks
+# between consecutive events (S issued, S done, softmax done, P V issued and done, release, acquire).
+run_trace() {
+  local cfg="${TRACE_CONFIG:-b128_sq1_h128_4k}"
+  echo "== SM90 event trace: $cfg"
+  rm -rf /tmp/jax_mla_trace && mkdir -p /tmp/jax_mla_trace
+  python3 -m pip install -q --no-deps --no-index --target /tmp/jax_mla_trace .whl-trace/jax_mla-*.whl ||
+    { echo "no traced wheel in .whl-trace/"; status=1; return; }
+  PYTHONPATH=/tmp/jax_mla_trace timeout 150 python3 -P benchmarks/trace_chain.py --config "$cfg" 2>&1 |
+    tee "$OUT/trace-$cfg.log" | tail -40
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+}
+
 # Steps run in the order given on the command line.
 for step in "${steps[@]}"; do
   case "$step" in
@@ -216,6 +231,7 @@ for step in "${steps[@]}"; do
     ab) run_ab ;;
     ncusrc) run_ncusrc ;;
     xladump) run_xladump ;;
+    trace) run_trace ;;
     all) run_tests; run_bench; run_sanitize ;;
     *) echo "unknown step $step"; status=1 ;;
   esac

@@ -41,6 +41,11 @@ struct DecodeParams {
   // the cluster only places a part's row blocks on one GPC and each CTA loads its own tiles.
   bool cluster_shares_tiles = true;
 
+  // Debug builds only (CMake JAX_MLA_SM90_TRACE): the SM90 kernel's event log, see
+  // cuda/sm90/trace.cuh; null otherwise.
+  uint64_t* trace = nullptr;
+  int trace_ctas = 0;
+
   // Inputs (device or host pointers, per platform).
   const void* q;                // (b, s_q, h_q, 576)       row-major
   const void* kv_cache;         // (num_pages, page_size, 576) row-major

@@ -37,7 +37,9 @@
 #include "handlers.h"
 #ifdef JAX_MLA_HAVE_SM90
 #include "sm90/launch.h"
+#include "sm90/trace.cuh"
 #endif
+#include <vector>
 
 namespace ffi = ::xla::ffi;
 
@@ -60,6 +62,15 @@ struct DeviceInfo {
 constexpr int kMaxDevices = 64;
 std::array<DeviceInfo, kMaxDevices> g_devices;
 std::mutex g_devices_mutex;
+
+#if defined(JAX_MLA_HAVE_SM90) && defined(JAX_MLA_SM90_TRACE) && JAX_MLA_SM90_TRACE
+// The SM90 event log (cuda/sm90/trace.cuh) of device 0, allocated by its initialize stage.
+uint64_t* g_trace = nullptr;
+int g_trace_ctas = 0;
+constexpr bool kTraceBuilt = true;
+#else
+constexpr bool kTraceBuilt = false;
+#endif
 
 std::atomic<long long> g_decode_calls{0};
 std::atomic<long long> g_decode_captured{0};
@@ -175,6 +186,15 @@ ffi::Error init_device_locked(int device) {
       std::fflush(stderr);
     }
   }
+#if defined(JAX_MLA_HAVE_SM90) && defined(JAX_MLA_SM90_TRACE) && JAX_MLA_SM90_TRACE
+  if (device == 0 && g_trace == nullptr) {
+    const int ctas = 2 * info.sm_count;  // enough for the grids of one wave and their row blocks
+    const size_t bytes = sizeof(uint64_t) * ctas * sm90::kTraceRoles * sm90::kTraceSlots;
+    if (cudaError_t e = cudaMalloc(&g_trace, bytes); e != cudaSuccess) return cuda_error("trace buffer", e);
+    if (cudaError_t e = cudaMemset(g_trace, 0, bytes); e != cudaSuccess) return cuda_error("trace buffer", e);
+    g_trace_ctas = ctas;
+  }
+#endif
   info.ready.store(true, std::memory_order_release);
   return ffi::Error::Success();
 }
@@ -262,6 +282,12 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   p.kv_l2_hint = process_env().kv_l2_hint;
   p.row_blocks_adjacent = process_env().row_blocks_adjacent && p.cluster_row_blocks == 1;
   p.cluster_shares_tiles = !process_env().sm90_cluster_placement;
+#if defined(JAX_MLA_HAVE_SM90) && defined(JAX_MLA_SM90_TRACE) && JAX_MLA_SM90_TRACE
+  if (device == 0) {
+    p.trace = g_trace;
+    p.trace_ctas = g_trace_ctas;
+  }
+#endif
   uint8_t* ws = static_cast<uint8_t*>(workspace->untyped_data());
   const WorkspaceLayout layout = workspace_layout(p.batch, p.rows, p.num_parts);
   p.partial_lse = reinterpret_cast<float*>(ws + layout.partial_lse_offset);
@@ -299,6 +325,28 @@ ffi::Error ScheduleExecuteImpl(cudaStream_t stream, ffi::AnyBuffer seq_lens, ffi
 }
 
 }  // namespace
+
+TraceDump sm90_trace_read(bool reset) {
+  TraceDump d;
+  d.built = kTraceBuilt;
+#if defined(JAX_MLA_HAVE_SM90) && defined(JAX_MLA_SM90_TRACE) && JAX_MLA_SM90_TRACE
+  if (g_trace == nullptr) return d;  // device 0 not initialised yet
+  d.ctas = g_trace_ctas;
+  d.roles = sm90::kTraceRoles;
+  d.slots = sm90::kTraceSlots;
+  d.words.resize(static_cast<size_t>(d.ctas) * d.roles * d.slots);
+  const size_t bytes = d.words.size() * sizeof(uint64_t);
+  if (cudaDeviceSynchronize() != cudaSuccess ||
+      cudaMemcpy(d.words.data(), g_trace, bytes, cudaMemcpyDeviceToHost) != cudaSuccess ||
+      (reset && cudaMemset(g_trace, 0, bytes) != cudaSuccess)) {
+    d.words.clear();
+    d.error = "CUDA error while reading the trace buffer";
+  }
+#else
+  (void)reset;
+#endif
+  return d;
+}
 
 CudaCallStats cuda_call_stats() {
   CudaCallStats st{g_decode_calls.load(std::memory_order_relaxed), g_decode_captured.load(std::memory_order_relaxed),

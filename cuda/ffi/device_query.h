@@ -2,6 +2,9 @@
 // Defined in device_query.cu, which is compiled only with CUDA (JAX_MLA_WITH_CUDA).
 #pragma once
 
+#include <string>
+#include <vector>
+
 namespace jax_mla {
 
 // Multiprocessor count of CUDA device 0; 0 when there is no device, no driver, or any error.
@@ -18,5 +21,16 @@ struct CudaCallStats {
   int sm90_max_active_clusters;
 };
 CudaCallStats cuda_call_stats();
+
+// The SM90 kernel's event log of device 0 (debug builds with CMake JAX_MLA_SM90_TRACE; see
+// cuda/sm90/trace.cuh): (ctas, roles, slots) uint64 words, copied after a device synchronisation,
+// and zeroed afterwards when `reset`. built is false (and words empty) in normal builds.
+struct TraceDump {
+  bool built = false;
+  int ctas = 0, roles = 0, slots = 0;
+  std::vector<unsigned long long> words;
+  std::string error;
+};
+TraceDump sm90_trace_read(bool reset);
 
 }  // namespace jax_mla

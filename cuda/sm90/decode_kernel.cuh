@@ -37,6 +37,7 @@
 #include "config.h"
 #include "epilogue.cuh"
 #include "softmax.cuh"
+#include "trace.cuh"
 #include "wgmma.cuh"
 
 namespace jax_mla::sm90 {
@@ -47,14 +48,18 @@ __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const D
                                               const int32_t* part_info, const int32_t* split_offsets, int m_block,
                                               int cta_rank, int cluster_size) {
   DecodeKVProducer<Element, kNumKvStages> producer{&s.kv_bars, &s.kv[0][0][0], {}, cta_rank, cluster_size};
+  Tracer tr;
+  tr.init(p, 0, true);  // this is the producer's one thread
   // A bad block-table entry anywhere in a piece makes the whole request NaN: the flag is per piece
   // (parity), cleared before its Q load and set before the bad tile's arrivals.
   produce_part(
       producer, p, q_map, kv_map, part_info, split_offsets, m_block, &s.q[0][0], &s.q_full, &s.q_empty,
       [&](int parity) { s.bad_request[parity] = 0; },
       [&](int parity, int, bool ok) {
+        tr.mark(kTrAcquired);
         if (!ok) s.bad_request[parity] = 1;
       });
+  tr.finish();
 }
 
 // Issues S = Q K^T for the tile in stage st (all 9 boxes, all 64 keys) as one wgmma group, waiting
@@ -162,7 +167,8 @@ template <typename Element>
 __device__ __forceinline__ void owner_step(SharedStorage<Element>& s, const PipelineState<kNumKvStages>& st,
                                            const RowCoords& rc, int consumer, const TileInfo& t,
                                            const int (&visible)[2], int visible_min, float scale_log2,
-                                           ScoreFragment& sc, PFragment& pf, RowState& rs, float (&o)[128]) {
+                                           ScoreFragment& sc, PFragment& pf, RowState& rs, float (&o)[128],
+                                           Tracer& tr) {
   const int thread = threadIdx.x % 128;
   if (t.first_token + kBlockN > visible_min) mask_scores(sc, rc, t.first_token, visible);
   float tile_max[2];
@@ -189,6 +195,7 @@ __device__ __forceinline__ void owner_step(SharedStorage<Element>& s, const Pipe
   if (last_tile) zero_dead_v_rows(s, st.stage, consumer, t.seq_len - t.first_token, thread);
   ptx::fence_proxy_async_smem();  // P and the zeroed rows, before async-proxy (wgmma) reads
   ptx::named_barrier_arrive(kBarPReady + st.stage, kConsumerThreads);
+  tr.mark(kTrSoftmaxDone);
   // Our own P V reads the V rows this consumer's threads just zeroed: all of them must be done.
   if (last_tile) ptx::named_barrier_sync(kBarConsumer + consumer, 128);
   rescale_o(o, alpha);
@@ -201,9 +208,10 @@ __device__ __forceinline__ void owner_step(SharedStorage<Element>& s, const Pipe
 template <typename Element>
 __device__ __forceinline__ void other_step(SharedStorage<Element>& s, const PipelineState<kNumKvStages>& st,
                                            const RowCoords& rc, int consumer, const TileInfo& t, RowState& rs,
-                                           float (&o)[128]) {
+                                           float (&o)[128], Tracer& tr) {
   const int thread = threadIdx.x % 128;
   ptx::named_barrier_sync(kBarPReady + st.stage, kConsumerThreads);
+  tr.mark(kTrPReady);
   float alpha[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -230,6 +238,8 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
   const KVConsumer<kNumKvStages> kv{&s.kv_bars, cluster_size};
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   const bool elected = thread == 0;
+  Tracer tr;
+  tr.init(p, 1 + consumer, elected);
   PipelineState<kNumKvStages> st;  // stage and phase of the CTA's next tile; st.stage owns it
   int piece_count = 0;
   const int rows_valid = min(kBlockM, p.rows - m_block * kBlockM);
@@ -254,6 +264,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
     PFragment pf;
 
     ptx::mbarrier_wait(&s.q_full, piece_count & 1);
+    tr.mark(kTrPieceBegin);
 
     // Tiles of this piece, in order. The wgmma groups in flight when a step starts: for an owned
     // tile, our S of this tile; for the other's tile, our own P V of the previous tile. The stage of
@@ -262,7 +273,10 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
     // releases before it issues S. It stays for the order where S goes first, which the branch
     // next/s-when-landed brings back behind a switch.)
     int pending_release = -1;  // stage whose tile our in-flight P V still reads
-    if (st.stage == consumer) issue_scores(s, kv, st, sc);
+    if (st.stage == consumer) {
+      issue_scores(s, kv, st, sc);
+      tr.mark(kTrSIssued);
+    }
 #pragma unroll 1
     for (int blk = w.begin_block; blk < w.end_block; ++blk) {
       const TileInfo t{blk * kBlockN, seq_len};
@@ -274,14 +288,21 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
         }
         wgmma_wait<0>();
         fence_operands(sc);
-        owner_step<Element>(s, st, rc, consumer, t, visible, visible_min, scale_log2, sc, pf, rs, o);
+        tr.mark(kTrSDone);
+        owner_step<Element>(s, st, rc, consumer, t, visible, visible_min, scale_log2, sc, pf, rs, o, tr);
+        tr.mark(kTrPvOwnIssued);
       } else {
         // Our own P V of the previous tile must be done before O is rescaled.
         wgmma_wait<0>();
         fence_operands(o);
         fence_operands(pf);  // P's registers stay live until their wgmma completed
-        if (pending_release >= 0 && elected) kv.release_stage(pending_release);
-        other_step<Element>(s, st, rc, consumer, t, rs, o);
+        tr.mark(kTrPvDone);
+        if (pending_release >= 0 && elected) {
+          kv.release_stage(pending_release);
+          tr.mark(kTrReleased);
+        }
+        other_step<Element>(s, st, rc, consumer, t, rs, o, tr);
+        tr.mark(kTrPvOtherIssued);
         if (blk + 1 < w.end_block) {
           // Hand this stage back before waiting on the next tile's boxes in issue_scores: left
           // pending until after that S (as before), the release of tile g waited for tile g + 1 to
@@ -290,9 +311,12 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
           // P V and S (the tensor pipe is fed by the owner's P V meanwhile).
           wgmma_wait<0>();
           fence_operands(o);
+          tr.mark(kTrPvDone);
           if (elected) kv.release_stage(st.stage);
+          tr.mark(kTrReleased);
           pending_release = -1;
           issue_scores(s, kv, st.next(), sc);
+          tr.mark(kTrSIssued);
           st.advance();
           continue;
         }
@@ -341,8 +365,10 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
           if (rc.row[i] < rows_valid) p.partial_lse[prow0 + rc.row[i]] = res.lse[i];
       }
     }
+    tr.mark(kTrPieceEnd);
     ++piece_count;
   }
+  tr.finish();
 }
 
 template <typename Element>

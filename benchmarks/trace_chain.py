@@ -1,0 +1,106 @@
+"""Where one SM90 CTA's time goes, tile by tile: reads the kernel's event log (debug builds only).
+
+  # on the GPU machine, with a build configured with -DJAX_MLA_SM90_TRACE=ON:
+  python3 benchmarks/trace_chain.py [--config b128_sq1_h128_4k]
+
+The kernel (cuda/sm90/trace.cuh) has one elected thread per role (producer, consumer 0, consumer 1)
+of every CTA log (clock64, event) at the boundaries of its work: S issued, S done, softmax done, P V
+issued, P ready, P V done, stage released, stage acquired by the producer. This runs one decode call
+of the config (after a warm-up call), reads the log and prints, per role, every transition between
+consecutive events with its count and median and mean duration in SM clocks, and the share of the
+role's time it takes. Traced builds are slower (a global store per event): compare shapes of the
+chain, not absolute times, with the benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+# Event ids: cuda/sm90/trace.cuh (TraceEvent).
+EVENTS = {1: "piece_begin", 2: "S_issued", 3: "S_done", 4: "softmax_done", 5: "PV_own_issued", 6: "P_ready",
+          7: "PV_other_issued", 8: "PV_done", 9: "released", 10: "piece_end", 16: "acquired", 17: "load_issued"}
+ROLES = ("producer", "consumer0", "consumer1")
+
+
+def parse(words, ctas: int, roles: int, slots: int):
+    """{(cta, role): [(clock, event id), ...]} from the flat log (a sequence of uint64)."""
+    out = {}
+    for cta in range(ctas):
+        for role in range(roles):
+            base = (cta * roles + role) * slots
+            n = int(words[base])
+            if n == 0:
+                continue
+            n = min(n, slots - 1)
+            out[(cta, role)] = [(int(w) >> 8, int(w) & 0xFF) for w in words[base + 1:base + 1 + n]]
+    return out
+
+
+def transitions(log):
+    """{role: {(from event, to event): [durations in clocks]}} over consecutive events of each CTA."""
+    table = {}
+    for (cta, role), events in log.items():
+        per = table.setdefault(role, {})
+        for (t0, e0), (t1, e1) in zip(events, events[1:]):
+            per.setdefault((e0, e1), []).append(t1 - t0)
+    return table
+
+
+def summary_lines(table):
+    lines = []
+    for role in sorted(table):
+        per = table[role]
+        total = sum(sum(v) for v in per.values()) or 1
+        lines.append(f"{ROLES[role] if role < len(ROLES) else role}: {total} clocks over all CTAs")
+        lines.append(f"  {'from -> to':<36} {'count':>7} {'median':>8} {'mean':>8} {'share':>6}")
+        for (e0, e1), v in sorted(per.items(), key=lambda kv: -sum(kv[1])):
+            v = sorted(v)
+            name = f"{EVENTS.get(e0, e0)} -> {EVENTS.get(e1, e1)}"
+            lines.append(f"  {name:<36} {len(v):>7} {v[len(v) // 2]:>8} {sum(v) / len(v):>8.0f} "
+                         f"{100 * sum(v) / total:>5.1f}%")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default="b128_sq1_h128_4k")
+    args = ap.parse_args()
+
+    import jax
+    import numpy as np
+
+    import jax.numpy as jnp
+    import jax_mla
+    from bench_decode import build_inputs
+    from configs import CONFIGS
+
+    cfg = next(c for c in CONFIGS if c.name == args.config)
+    q, cache, tables, seq_lens = build_inputs(cfg, np.random.default_rng(7), jnp, np, 2, 2)
+    op = jax.jit(lambda q, c, t, s: jax_mla.mla_decode(q, c, t, s, causal=cfg.causal))
+    jax.block_until_ready(op(q, cache, tables[0], seq_lens))  # compile, initialise, warm up
+    jax_mla._ext.sm90_trace(reset=True)
+    jax.block_until_ready(op(q, cache, tables[1], seq_lens))
+    data, ctas, roles, slots = jax_mla._ext.sm90_trace(reset=True)
+    words = np.frombuffer(data, dtype=np.uint64)
+    log = parse(words, ctas, roles, slots)
+    print(f"# {cfg.name}: {len(log)} (CTA, role) logs of {ctas} CTAs x {roles} roles")
+    if not log:
+        print("no events: was the SM90 kernel used (kernel_info) and is this a traced build?")
+        return 1
+    for line in summary_lines(transitions(log)):
+        print(line)
+    spans = [ev[-1][0] - ev[0][0] for (cta, role), ev in log.items() if role > 0 and len(ev) > 1]
+    if spans:
+        print(f"# consumer span per CTA: median {sorted(spans)[len(spans) // 2]} clocks "
+              f"(max {max(spans)}; {math.fsum(spans) / len(spans):.0f} mean)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
