@@ -270,8 +270,9 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
     // tile, our S of this tile; for the other's tile, our own P V of the previous tile. The stage of
     // the previous tile is released as soon as our last wgmma reading it has completed. (Since
     // 7fd23b3 the owner's `pending_release >= 0` case below is not reached: the other-tile step
-    // releases before it issues S. It stays for the order where S goes first, which the branch
-    // next/s-when-landed brings back behind a switch.)
+    // releases before it issues S. It stays for the orders where S goes first: the branches
+    // next/s-when-landed and next/s-first have them behind switches; neither measured faster, see
+    // docs/performance.md, fourth session of 2026-12-03.)
     int pending_release = -1;  // stage whose tile our in-flight P V still reads
     if (st.stage == consumer) {
       issue_scores(s, kv, st, sc);
