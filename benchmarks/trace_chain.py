@@ -24,7 +24,7 @@ sys.path.insert(0, HERE)
 
 # Event ids: cuda/sm90/trace.cuh (TraceEvent).
 EVENTS = {1: "piece_begin", 2: "S_issued", 3: "S_done", 4: "softmax_done", 5: "PV_own_issued", 6: "P_ready",
-          7: "PV_other_issued", 8: "PV_done", 9: "released", 10: "piece_end", 16: "acquired", 17: "load_issued"}
+          7: "PV_other_issued", 8: "PV_done", 9: "released", 10: "piece_end", 16: "acquired"}
 ROLES = ("producer", "consumer0", "consumer1")
 
 

@@ -3,12 +3,12 @@ over two CPU devices in a subprocess (where the decode step must compile with no
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 
 import jax
+from script_loader import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "deepseek_v3_mla.py")
@@ -17,10 +17,7 @@ TINY = ["--heads", "4", "--layers", "2", "--prompt", "16", "--steps", "3", "--d-
 
 
 def test_example_one_device(capsys):
-    spec = importlib.util.spec_from_file_location("deepseek_v3_mla", EXAMPLE)
-    example = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = example  # dataclasses look their module up there
-    spec.loader.exec_module(example)
+    example = load_script("examples/deepseek_v3_mla.py")
     with jax.default_device(jax.devices("cpu")[0]):
         assert example.main(TINY + ["--no-shard", "--batch", "3", "--layers", "1",
                                     "--steps", "2"]) == 0

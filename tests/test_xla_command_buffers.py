@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
-_PATH = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "xla_command_buffers.py")
+from script_loader import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("xla_command_buffers", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/xla_command_buffers.py")
 
 
 _HLO = """HloModule jit_step, entry_computation_layout={()->f32[]}

@@ -23,6 +23,7 @@
 #include <initializer_list>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/launch.h"
 #include "common/params.h"
@@ -39,7 +40,13 @@
 #include "sm90/launch.h"
 #include "sm90/trace.cuh"
 #endif
-#include <vector>
+
+// The SM90 event log (debug builds, CMake JAX_MLA_SM90_TRACE; cuda/sm90/trace.cuh).
+#if defined(JAX_MLA_HAVE_SM90) && defined(JAX_MLA_SM90_TRACE) && JAX_MLA_SM90_TRACE
+#define JAX_MLA_TRACE_BUFFER 1
+#else
+#define JAX_MLA_TRACE_BUFFER 0
+#endif
 
 namespace ffi = ::xla::ffi;
 
@@ -63,13 +70,10 @@ constexpr int kMaxDevices = 64;
 std::array<DeviceInfo, kMaxDevices> g_devices;
 std::mutex g_devices_mutex;
 
-#if defined(JAX_MLA_HAVE_SM90) && defined(JAX_MLA_SM90_TRACE) && JAX_MLA_SM90_TRACE
-// The SM90 event log (cuda/sm90/trace.cuh) of device 0, allocated by its initialize stage.
+#if JAX_MLA_TRACE_BUFFER
+// The event log of device 0, allocated by its initialize stage.
 uint64_t* g_trace = nullptr;
 int g_trace_ctas = 0;
-constexpr bool kTraceBuilt = true;
-#else
-constexpr bool kTraceBuilt = false;
 #endif
 
 std::atomic<long long> g_decode_calls{0};
@@ -186,7 +190,7 @@ ffi::Error init_device_locked(int device) {
       std::fflush(stderr);
     }
   }
-#if defined(JAX_MLA_HAVE_SM90) && defined(JAX_MLA_SM90_TRACE) && JAX_MLA_SM90_TRACE
+#if JAX_MLA_TRACE_BUFFER
   if (device == 0 && g_trace == nullptr) {
     const int ctas = 2 * info.sm_count;  // enough for the grids of one wave and their row blocks
     const size_t bytes = sizeof(uint64_t) * ctas * sm90::kTraceRoles * sm90::kTraceSlots;
@@ -282,7 +286,7 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   p.kv_l2_hint = process_env().kv_l2_hint;
   p.row_blocks_adjacent = process_env().row_blocks_adjacent && p.cluster_row_blocks == 1;
   p.cluster_shares_tiles = !process_env().sm90_cluster_placement;
-#if defined(JAX_MLA_HAVE_SM90) && defined(JAX_MLA_SM90_TRACE) && JAX_MLA_SM90_TRACE
+#if JAX_MLA_TRACE_BUFFER
   if (device == 0) {
     p.trace = g_trace;
     p.trace_ctas = g_trace_ctas;
@@ -328,8 +332,8 @@ ffi::Error ScheduleExecuteImpl(cudaStream_t stream, ffi::AnyBuffer seq_lens, ffi
 
 TraceDump sm90_trace_read(bool reset) {
   TraceDump d;
-  d.built = kTraceBuilt;
-#if defined(JAX_MLA_HAVE_SM90) && defined(JAX_MLA_SM90_TRACE) && JAX_MLA_SM90_TRACE
+  d.built = JAX_MLA_TRACE_BUFFER != 0;
+#if JAX_MLA_TRACE_BUFFER
   if (g_trace == nullptr) return d;  // device 0 not initialised yet
   d.ctas = g_trace_ctas;
   d.roles = sm90::kTraceRoles;

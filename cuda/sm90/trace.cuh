@@ -29,7 +29,6 @@ enum TraceEvent : uint32_t {
   kTrReleased = 9,     // consumer: it arrived on a stage's empty barrier
   kTrPieceEnd = 10,    // consumer: epilogue stored
   kTrAcquired = 16,    // producer: a stage became free
-  kTrLoadIssued = 17,  // producer: the 9 box copies of a tile issued
 };
 
 inline constexpr int kTraceRoles = 3;  // producer, consumer 0, consumer 1
