@@ -13,6 +13,15 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The first kAlign-aligned byte of a dynamic shared-memory buffer. Pointer arithmetic on the
+// __shared__ array itself (not a round trip through an integer) keeps its state space visible to
+// the compiler, which then accesses the buffer with LDS/STS instead of generic loads and stores.
+template <uint32_t kAlign>
+__device__ __forceinline__ uint8_t* align_dynamic_smem(uint8_t* base) {
+  static_assert((kAlign & (kAlign - 1)) == 0, "power of two");
+  return base + ((kAlign - (smem_addr(base) & (kAlign - 1))) & (kAlign - 1));
+}
+
 // ---- mbarrier -------------------------------------------------------------------------------
 
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrive_count) {

@@ -60,8 +60,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                   const __grid_constant__ CUtensorMap kv_map) {
 #if JAX_MLA_SM100_DEVICE
   extern __shared__ uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<SharedStorage<Element>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                                       ~uintptr_t(1023));
+  auto& s = *reinterpret_cast<SharedStorage<Element>*>(ptx::align_dynamic_smem<1024>(smem_raw));
   // Warp-uniform by construction (a shuffle from lane 0).
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
   const int lane = threadIdx.x % 32;

@@ -378,8 +378,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                   const __grid_constant__ CUtensorMap kv_map) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<SharedStorage<Element>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                                       ~uintptr_t(1023));
+  auto& s = *reinterpret_cast<SharedStorage<Element>*>(ptx::align_dynamic_smem<1024>(smem_raw));
   // The CTAs of a cluster are row blocks of the same part: they walk the same tiles and share
   // every tile's loads (kv_producer.cuh). Launched without a cluster, this is a cluster of one.
   // With p.cluster_shares_tiles off the cluster only co-locates the row blocks, and each CTA
