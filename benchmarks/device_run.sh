@@ -127,16 +127,20 @@ run_ab() {
   python3 - "$OUT" "${tags[@]}" <<'PYEOF'
 import json, os, sys
 out, tags = sys.argv[1], sys.argv[2:]
+# Columns by position: the same variant may run twice (A B A B) to expose drift between runs.
 table = {}
 for i, tag in enumerate(tags, 1):
     path = os.path.join(out, f"ab-{i}.json")
     if not os.path.exists(path):
         continue
     for r in json.load(open(path))["rows"]:
-        table.setdefault(r["name"], {})[tag] = (r["us"], r.get("rel_err", float("nan")))
-print(f"{'config':<26}" + "".join(f" {t[:28]:>28}" for t in tags))
+        table.setdefault(r["name"], {})[i] = (r["us"], r.get("rel_err", float("nan")))
+for i, tag in enumerate(tags, 1):
+    print(f"# variant {i}: {tag}")
+print(f"{'config':<26}" + "".join(f" {'variant ' + str(i):>22}" for i in range(1, len(tags) + 1)))
 for name, cols in table.items():
-    print(f"{name:<26}" + "".join(f" {cols[t][0]:17.1f} (e {cols[t][1]:.0e})" if t in cols else f" {'-':>28}" for t in tags))
+    print(f"{name:<26}" + "".join(f" {cols[i][0]:11.1f} (e {cols[i][1]:.0e})" if i in cols else f" {'-':>22}"
+                                  for i in range(1, len(tags) + 1)))
 # Clocks and power while the variants ran (nvidia-smi dmon -s pc: power, temperatures, clocks).
 try:
     head, vals = None, []

@@ -5,11 +5,17 @@
 
 The kernel (cuda/sm90/trace.cuh) has one elected thread per role (producer, consumer 0, consumer 1)
 of every CTA log (clock64, event) at the boundaries of its work: S issued, S done, softmax done, P V
-issued, P ready, P V done, stage released, stage acquired by the producer. This runs one decode call
-of the config (after a warm-up call), reads the log and prints, per role, every transition between
-consecutive events with its count and median and mean duration in SM clocks, and the share of the
-role's time it takes. Traced builds are slower (a global store per event): compare shapes of the
-chain, not absolute times, with the benchmark.
+issued, P ready, P V done, stage released, last box of a tile ready, stage acquired and tile loads
+issued by the producer. This runs one decode call of the config (after a warm-up call), reads the
+log and prints, per role, every transition between consecutive events with its count and median
+and mean duration in SM clocks, and the share of the role's time it takes; then, per tile, the
+clocks from the producer's load to the consumer's wait on the tile's last box; with --cta N, that
+CTA's events of all roles in clock order. Traced builds are slower (a global store per event):
+compare shapes of the chain, not absolute times, with the benchmark.
+
+Reading the marks after a named-barrier wait (P_ready): in the log of 2026-12-03 (fifth session,
+docs/performance.md) the medians close into one consistent cycle only if P_ready is stamped when
+the thread reaches the barrier rather than when the barrier opens; the --cta dump shows which.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ sys.path.insert(0, HERE)
 
 # Event ids: cuda/sm90/trace.cuh (TraceEvent).
 EVENTS = {1: "piece_begin", 2: "S_issued", 3: "S_done", 4: "softmax_done", 5: "PV_own_issued", 6: "P_ready",
-          7: "PV_other_issued", 8: "PV_done", 9: "released", 10: "piece_end", 16: "acquired"}
+          7: "PV_other_issued", 8: "PV_done", 9: "released", 10: "piece_end", 11: "last_box_ready",
+          16: "acquired", 17: "load_issued"}
+LOAD_ISSUED, LAST_BOX_READY = 17, 11
 ROLES = ("producer", "consumer0", "consumer1")
 
 
@@ -67,9 +75,39 @@ def summary_lines(table):
     return lines
 
 
+def load_to_use(log):
+    """Per tile g of each CTA, the clocks from the producer's load_issued to the consumer's
+    last_box_ready (the wait on the tile's last box returned). Tile g's S is issued by consumer
+    g % 2 (the stage's owner), so its last_box_ready is the (g // 2)-th of that consumer's. When the
+    consumer arrived before the tile landed this is the load's latency; otherwise it is the time
+    the tile sat ready before its S (the lead). Returns the list over all tiles of all CTAs."""
+    out = []
+    ctas = {cta for cta, _ in log}
+    for cta in ctas:
+        loads = [t for t, e in log.get((cta, 0), []) if e == LOAD_ISSUED]
+        ready = [[t for t, e in log.get((cta, 1 + c), []) if e == LAST_BOX_READY] for c in range(2)]
+        for g, t_load in enumerate(loads):
+            mine = ready[g % 2]
+            if g // 2 < len(mine):
+                out.append(mine[g // 2] - t_load)
+    return out
+
+
+def dump_cta(log, cta):
+    """The events of one CTA, all roles merged in clock order, relative to its first event."""
+    rows = [(t, role, e) for (c, role), ev in log.items() if c == cta for t, e in ev]
+    if not rows:
+        return [f"no events for CTA {cta}"]
+    rows.sort()
+    t0 = rows[0][0]
+    return [f"{t - t0:>9} {ROLES[role] if role < len(ROLES) else role:<10} {EVENTS.get(e, e)}" for t, role, e in rows]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="b128_sq1_h128_4k")
+    ap.add_argument("--cta", type=int, default=-1, help="also print this CTA's events in clock order")
+    ap.add_argument("--cta-events", type=int, default=400, help="at most this many events of --cta")
     args = ap.parse_args()
 
     import jax
@@ -99,6 +137,15 @@ def main() -> int:
     if spans:
         print(f"# consumer span per CTA: median {sorted(spans)[len(spans) // 2]} clocks "
               f"(max {max(spans)}; {math.fsum(spans) / len(spans):.0f} mean)")
+    lead = sorted(load_to_use(log))
+    if lead:
+        q = lambda f: lead[min(len(lead) - 1, int(f * len(lead)))]
+        print(f"# load_issued -> last_box_ready per tile: {len(lead)} tiles, 10/50/90% "
+              f"{q(0.1)} / {q(0.5)} / {q(0.9)} clocks")
+    if args.cta >= 0:
+        print(f"# CTA {args.cta}, all roles, clocks from its first event:")
+        for line in dump_cta(log, args.cta)[:args.cta_events]:
+            print(line)
     return 0
 
 

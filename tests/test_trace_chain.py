@@ -44,3 +44,25 @@ def test_parse_clamps_a_count_past_the_slots():
     words[1:4] = [_word(1, 16), _word(2, 16), _word(4, 16)]
     log = m.parse(words, 1, 3, 4)
     assert len(log[(0, 0)]) == 3
+
+
+def test_load_to_use_pairs_tile_g_with_consumer_g_mod_2():
+    m = _load()
+    # Producer loads tiles 0, 1, 2 at 0, 100, 200; consumer 0 (tiles 0, 2) and consumer 1 (tile 1)
+    # see their last boxes ready at 1000 and 2500, and 1600.
+    log = {
+        (0, 0): [(0, 16), (0, m.LOAD_ISSUED), (100, m.LOAD_ISSUED), (150, 16), (200, m.LOAD_ISSUED)],
+        (0, 1): [(900, 9), (1000, m.LAST_BOX_READY), (2500, m.LAST_BOX_READY)],
+        (0, 2): [(1600, m.LAST_BOX_READY), (1700, 2)],
+    }
+    assert sorted(m.load_to_use(log)) == sorted([1000 - 0, 1600 - 100, 2500 - 200])
+
+
+def test_dump_cta_merges_roles_in_clock_order():
+    m = _load()
+    log = {(3, 0): [(10, 16), (40, m.LOAD_ISSUED)], (3, 1): [(25, 2)], (4, 1): [(0, 2)]}
+    lines = m.dump_cta(log, 3)
+    assert [line.split()[1:] for line in lines] == [["producer", "acquired"], ["consumer0", "S_issued"],
+                                                   ["producer", "load_issued"]]
+    assert lines[0].split()[0] == "0" and lines[2].split()[0] == "30"
+    assert m.dump_cta(log, 9) == ["no events for CTA 9"]

@@ -192,13 +192,20 @@ struct DecodeKVProducer {
 // into the ring. Two hooks keep each kernel's own bookkeeping of bad block-table entries:
 //   on_piece(parity)   after the previous piece's Q was released, before this piece's Q load;
 //   on_tile(parity, stage, ok)  after acquire(), before the tile's arrivals, so a consumer that has
-//                      waited for the tile also sees what the hook wrote.
-template <typename Element, int kNumStages, typename OnPiece, typename OnTile>
+//                      waited for the tile also sees what the hook wrote;
+//   on_loaded()        after the tile's copies were issued (optional; the SM90 event trace).
+// The default of an optional hook: does nothing (inlined away).
+struct NoHook {
+  __device__ __forceinline__ void operator()() const {}
+};
+
+template <typename Element, int kNumStages, typename OnPiece, typename OnTile, typename OnLoaded = NoHook>
 __device__ __forceinline__ void produce_part(DecodeKVProducer<Element, kNumStages>& producer, const DecodeParams& p,
                                              const CUtensorMap* q_map, const CUtensorMap* kv_map,
                                              const int32_t* part_info, const int32_t* split_offsets, int m_block,
                                              Element* q_smem,  // (9 boxes, BLK_M, 64)
-                                             uint64_t* q_full, uint64_t* q_empty, OnPiece on_piece, OnTile on_tile) {
+                                             uint64_t* q_full, uint64_t* q_empty, OnPiece on_piece, OnTile on_tile,
+                                             OnLoaded on_loaded = {}) {
   const int log2_page = 31 - __clz(p.page_size);
   producer.set_l2_hint(p.kv_l2_hint);
   int piece_count = 0;
@@ -230,6 +237,7 @@ __device__ __forceinline__ void produce_part(DecodeKVProducer<Element, kNumStage
       producer.acquire();
       on_tile(parity, producer.state.stage, source.ok);
       producer.load_tile(kv, source);
+      on_loaded();
       producer.commit_step();
     }
     ++piece_count;

@@ -58,7 +58,8 @@ __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const D
       [&](int parity, int, bool ok) {
         tr.mark(kTrAcquired);
         if (!ok) s.bad_request[parity] = 1;
-      });
+      },
+      [&]() { tr.mark(kTrLoadIssued); });
   tr.finish();
 }
 
@@ -66,13 +67,15 @@ __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const D
 // on each box as it lands. The caller waits for the group.
 template <typename Element>
 __device__ __forceinline__ void issue_scores(SharedStorage<Element>& s, const KVConsumer<kNumKvStages>& kv,
-                                             const PipelineState<kNumKvStages>& st, ScoreFragment& sc) {
+                                             const PipelineState<kNumKvStages>& st, ScoreFragment& sc,
+                                             Tracer& tr) {
   const uint32_t q_base = ptx::smem_addr(&s.q[0][0]);
   const uint32_t k_base = ptx::smem_addr(&s.kv[st.stage][0][0]);
   wgmma_fence();
 #pragma unroll
   for (int box = 0; box < kKvBoxesQK; ++box) {
     kv.wait_box(st, box);
+    if (box == kKvBoxesQK - 1) tr.mark(kTrLastBoxReady);
 #pragma unroll
     for (int kk = 0; kk < kKvBoxCols / 16; ++kk) {
       const uint32_t off = box * kKvBoxBytes + kk * 32;  // 16 columns = 32 bytes inside the swizzled row
@@ -275,7 +278,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
     // docs/performance.md, fourth session of 2026-12-03.)
     int pending_release = -1;  // stage whose tile our in-flight P V still reads
     if (st.stage == consumer) {
-      issue_scores(s, kv, st, sc);
+      issue_scores(s, kv, st, sc, tr);
       tr.mark(kTrSIssued);
     }
 #pragma unroll 1
@@ -316,7 +319,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
           if (elected) kv.release_stage(st.stage);
           tr.mark(kTrReleased);
           pending_release = -1;
-          issue_scores(s, kv, st.next(), sc);
+          issue_scores(s, kv, st.next(), sc, tr);
           tr.mark(kTrSIssued);
           st.advance();
           continue;

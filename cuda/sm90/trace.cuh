@@ -28,7 +28,9 @@ enum TraceEvent : uint32_t {
   kTrPvDone = 8,       // consumer: its P V of the previous tile completed (wait returned)
   kTrReleased = 9,     // consumer: it arrived on a stage's empty barrier
   kTrPieceEnd = 10,    // consumer: epilogue stored
+  kTrLastBoxReady = 11,  // consumer: the wait on the last (RoPE) box of a tile's S returned
   kTrAcquired = 16,    // producer: a stage became free
+  kTrLoadIssued = 17,  // producer: all TMA copies of a tile issued
 };
 
 inline constexpr int kTraceRoles = 3;  // producer, consumer 0, consumer 1
