@@ -2,7 +2,7 @@
 # One full call on the GPU machine (the `device` tool's H200): install jax_mla, run the GPU tests,
 # the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
-#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|trace]...   (default: tests bench; run in that order)
+#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|trace|tmabw]...   (default: tests bench; run in that order)
 # Environment: TESTS_TIMEOUT, BENCH_TIMEOUT, BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
 # SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
 # spaces: a -k expression must be one word; TESTS_K is passed whole as one -k expression), BENCH_TAG (results file bench-TAG.json, for several
@@ -227,6 +227,18 @@ run_trace() {
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 
+# The ceiling of the KV load path without compute (benchmarks/tma_bandwidth.cu): TMA tiles into
+# every SM's shared memory, L2-resident and from DRAM, 1-3 tiles in flight per SM, each tile read by
+# 1 or 2 CTAs. Built here with nvcc (seconds); TMABW_ARGS runs one configuration instead of the
+# sweep ("WS_MB STAGES SHARE [TILES_PER_CTA] [REPS]").
+run_tmabw() {
+  echo "== TMA load ceiling (benchmarks/tma_bandwidth.cu)"
+  nvcc -std=c++17 -O2 -arch=sm_90a -I cuda benchmarks/tma_bandwidth.cu cuda/common/tensor_map.cu \
+    -o /tmp/tma_bandwidth > "$OUT/tmabw-build.log" 2>&1 || { echo "build failed"; tail -5 "$OUT/tmabw-build.log"; status=1; return; }
+  timeout 120 /tmp/tma_bandwidth ${TMABW_ARGS:-} 2>&1 | tee "$OUT/tmabw.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+}
+
 # Steps run in the order given on the command line.
 for step in "${steps[@]}"; do
   case "$step" in
@@ -238,6 +250,7 @@ for step in "${steps[@]}"; do
     ncusrc) run_ncusrc ;;
     xladump) run_xladump ;;
     trace) run_trace ;;
+    tmabw) run_tmabw ;;
     all) run_tests; run_bench; run_sanitize ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
