@@ -186,19 +186,19 @@ struct DecodeKVProducer {
   }
 };
 
-// The producer thread's whole job, shared by the SM90 and SM100 kernels: walk the pieces of one
-// split-KV part (scheduler.h) and, per piece, load Q of this CTA's 64-row block once the consumers
-// released the previous piece's Q (q_empty, parity of the piece count), then the piece's KV tiles
-// into the ring. Two hooks keep each kernel's own bookkeeping of bad block-table entries:
-//   on_piece(parity)   after the previous piece's Q was released, before this piece's Q load;
-//   on_tile(parity, stage, ok)  after acquire(), before the tile's arrivals, so a consumer that has
-//                      waited for the tile also sees what the hook wrote;
-//   on_loaded()        after the tile's copies were issued (optional; the SM90 event trace).
 // The default of an optional hook: does nothing (inlined away).
 struct NoHook {
   __device__ __forceinline__ void operator()() const {}
 };
 
+// The producer thread's whole job, shared by the SM90 and SM100 kernels: walk the pieces of one
+// split-KV part (scheduler.h) and, per piece, load Q of this CTA's 64-row block once the consumers
+// released the previous piece's Q (q_empty, parity of the piece count), then the piece's KV tiles
+// into the ring. Hooks keep each kernel's own bookkeeping (bad block-table entries, the trace):
+//   on_piece(parity)   after the previous piece's Q was released, before this piece's Q load;
+//   on_tile(parity, stage, ok)  after acquire(), before the tile's arrivals, so a consumer that has
+//                      waited for the tile also sees what the hook wrote;
+//   on_loaded()        after the tile's copies were issued (optional; the SM90 event trace).
 template <typename Element, int kNumStages, typename OnPiece, typename OnTile, typename OnLoaded = NoHook>
 __device__ __forceinline__ void produce_part(DecodeKVProducer<Element, kNumStages>& producer, const DecodeParams& p,
                                              const CUtensorMap* q_map, const CUtensorMap* kv_map,
