@@ -2,18 +2,21 @@
 // move KV tiles, (64 tokens, 576) bf16 as 9 boxes of (64, 64) with the 128-byte swizzle, exactly as
 // the producer of cuda/common/kv_producer.cuh loads them, into the shared memory of every SM?
 //
-// One CTA per SM (the shared-memory request allows no second one); its one thread streams a
-// sequence of tiles through a ring of `stages` shared-memory slots: a slot is reloaded as soon as its
-// previous tile landed, so `stages` tiles are in flight per SM all the time. Tiles come from a
-// (tiles * 64, 576) buffer of `ws` MB: a small buffer stays L2-resident after the first pass, a
-// large one streams from DRAM. `share` consecutive CTAs walk the same tile sequence at the same
-// time, as the two row blocks of h_q = 128 do (2): one of them reads DRAM, the other finds the tile
-// in L2. Tile ids are a fixed pseudo-random permutation (paged caches scatter pages); the sequences
-// of different groups do not overlap while groups x tiles per CTA <= tiles in the working set.
+// One CTA per SM (the shared-memory request allows no second one); its one thread drives the
+// decode kernels' own producer and ring (DecodeKVProducer, KVPipelineBarriers, KVConsumer of
+// cuda/common/kv_producer.cuh: block-table lookup, per-box full barriers, empty barriers) with
+// `stages` stages, and plays the consumer by releasing a stage as soon as all its boxes landed, so
+// `stages` tiles are in flight per SM all the time. Pages of 64 tokens come from a (tiles * 64, 576)
+// buffer of `ws` MB: a small buffer stays L2-resident after the first pass, a large one streams
+// from DRAM. `share` consecutive CTAs walk the same block table at the same time, as the two row
+// blocks of h_q = 128 do (2): one of them reads DRAM, the other finds the tile in L2. The block
+// tables are a fixed pseudo-random permutation (paged caches scatter pages); the tables of
+// different groups do not overlap while groups x tiles per CTA <= tiles in the working set.
 //
 // Prints, per configuration, the median time of one kernel over `reps` runs, the bytes landed in
 // shared memory per second (the L2 -> SM rate) and the same divided by `share` (what DRAM supplies
-// when the other sharers find each tile in L2). docs/performance.md (fifth session of 2026-12-03, next step 4) says why.
+// when the other sharers find each tile in L2). docs/performance.md (fifth session of 2026-12-03,
+// next step 4) says why.
 //
 // Build and run on the GPU machine (compile only here):
 //   nvcc -std=c++17 -O2 -arch=sm_90a -I cuda benchmarks/tma_bandwidth.cu cuda/common/tensor_map.cu \
@@ -34,14 +37,14 @@
 
 namespace {
 
-using jax_mla::kKvBoxBytes;
-using jax_mla::kKvBoxCols;
-using jax_mla::kKvBoxElems;
+using jax_mla::kBlockN;
 using jax_mla::kKvBoxesQK;
+using jax_mla::kKvBoxElems;
 using jax_mla::kKvTileBytes;
 
 constexpr int kMaxStages = 3;  // 3 x 72 KB: what one SM's shared memory holds
-constexpr int kTileRows = 64;
+constexpr int kLog2PageSize = 6;  // pages of kBlockN tokens: one TMA copy per box
+static_assert((1 << kLog2PageSize) == kBlockN);
 
 #define CHECK_CUDA(x)                                                                  \
   do {                                                                                 \
@@ -52,46 +55,56 @@ constexpr int kTileRows = 64;
     }                                                                                  \
   } while (0)
 
+template <int kStages>
 struct alignas(1024) Ring {
-  uint16_t tile[kMaxStages][kKvBoxesQK][kKvBoxElems];  // (stage, box, 64, 64)
-  uint64_t full[kMaxStages];                            // one barrier per slot, all 9 boxes on it
+  uint16_t kv[kStages][kKvBoxesQK][kKvBoxElems];  // (stage, box, BLK_N, 64)
+  jax_mla::KVPipelineBarriers<kStages> bars;
 };
 
-// Tile of step t for CTA group g: a multiplicative permutation of [0, tiles) (odd multiplier,
+// Page of step t for CTA group g: a multiplicative permutation of [0, tiles) (odd multiplier,
 // tiles a power of two), offset per group so the groups do not read in lock step.
-__host__ __device__ inline uint32_t tile_of(uint32_t g, uint32_t t, uint32_t tiles, uint32_t tiles_per_cta) {
+uint32_t tile_of(uint32_t g, uint32_t t, uint32_t tiles, uint32_t tiles_per_cta) {
   return ((g * tiles_per_cta + t) * 2654435761u) & (tiles - 1);
 }
 
+template <int kStages>
 __global__ void __launch_bounds__(32, 1)
-    stream_tiles(const __grid_constant__ CUtensorMap map, int stages, int share, uint32_t tiles,
-                 uint32_t tiles_per_cta, uint32_t* sink) {
+    stream_tiles(const __grid_constant__ CUtensorMap map, int share, uint32_t tiles, uint32_t tiles_per_cta,
+                 const int32_t* tables, uint32_t* sink) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  namespace ptx = jax_mla::ptx;
   extern __shared__ uint8_t smem_raw[];
-  Ring& ring = *reinterpret_cast<Ring*>(jax_mla::ptx::align_dynamic_smem<1024>(smem_raw));
+  auto& ring = *reinterpret_cast<Ring<kStages>*>(ptx::align_dynamic_smem<1024>(smem_raw));
   if (threadIdx.x != 0) return;
-  for (int s = 0; s < stages; ++s) jax_mla::ptx::mbarrier_init(&ring.full[s], 1);
-  jax_mla::ptx::fence_barrier_init();
-  const uint32_t group = blockIdx.x / share;
+  ring.bars.init(1);
+  ptx::fence_barrier_init();
+  jax_mla::DecodeKVProducer<uint16_t, kStages> producer{&ring.bars, &ring.kv[0][0][0], {}, 0, 1};
+  const jax_mla::KVConsumer<kStages> consumer{&ring.bars, 1};
+  jax_mla::PipelineState<kStages> next_landed;  // the oldest tile in flight
+  const int group = static_cast<int>(blockIdx.x) / share;
+  const jax_mla::PagedKV kv{&map,
+                            tables + static_cast<int64_t>(group) * tiles_per_cta,
+                            static_cast<int>(tiles_per_cta) * kBlockN,
+                            kBlockN,
+                            kLog2PageSize,
+                            static_cast<int>(tiles),
+                            static_cast<int>(tiles_per_cta),
+                            static_cast<int>(tiles) * kBlockN};
+  // "Consumes" the oldest tile: waits for all its boxes, then releases its stage.
+  auto consume = [&] {
+    for (int box = 0; box < kKvBoxesQK; ++box) consumer.wait_box(next_landed, box);
+    consumer.release(next_landed);
+    next_landed.advance();
+  };
   for (uint32_t t = 0; t < tiles_per_cta; ++t) {
-    const int s = static_cast<int>(t % stages);
-    if (t >= static_cast<uint32_t>(stages)) {
-      jax_mla::ptx::mbarrier_wait(&ring.full[s], ((t / stages) - 1) & 1);  // the slot's previous tile landed
-    }
-    const int row = static_cast<int>(tile_of(group, t, tiles, tiles_per_cta)) * kTileRows;
-    jax_mla::ptx::mbarrier_arrive_expect_tx(&ring.full[s], kKvTileBytes);
-    for (int box = 0; box < kKvBoxesQK; ++box) {
-      jax_mla::ptx::tma_load_2d(&ring.tile[s][box][0], &map, &ring.full[s], box * kKvBoxCols, row);
-    }
+    if (t >= static_cast<uint32_t>(kStages)) consume();
+    const auto source = producer.locate_tile(kv, static_cast<int>(t) * kBlockN);
+    producer.acquire();
+    producer.load_tile(kv, source);
+    producer.commit_step();
   }
-  // Drain: the last `stages` tiles.
-  for (uint32_t t = tiles_per_cta > static_cast<uint32_t>(stages) ? tiles_per_cta - stages : 0; t < tiles_per_cta;
-       ++t) {
-    const int s = static_cast<int>(t % stages);
-    jax_mla::ptx::mbarrier_wait(&ring.full[s], (t / stages) & 1);
-  }
-  // Keep the loads observable.
-  atomicAdd(sink, ring.tile[0][0][threadIdx.x]);
+  for (uint32_t t = 0; t < tiles_per_cta && t < static_cast<uint32_t>(kStages); ++t) consume();
+  atomicAdd(sink, ring.kv[0][0][0]);  // keep the loads observable
 #endif
 }
 
@@ -99,24 +112,44 @@ struct Result {
   double us, gbps_sm, gbps_unshared;
 };
 
+using Kernel = void (*)(CUtensorMap, int, uint32_t, uint32_t, const int32_t*, uint32_t*);
+
+Kernel kernel_for(int stages) {
+  switch (stages) {
+    case 1: return stream_tiles<1>;
+    case 2: return stream_tiles<2>;
+    default: return stream_tiles<3>;
+  }
+}
+
 Result run(void* buf, uint32_t tiles, int stages, int share, uint32_t tiles_per_cta, int reps, int ctas,
            uint32_t* sink) {
   CUtensorMap map;
   const char* err = nullptr;
-  if (!jax_mla::make_tensor_map_2d(&map, buf, jax_mla::DType::kBF16, uint64_t(tiles) * kTileRows, 576, 576,
-                                   kTileRows, kKvBoxCols, &err)) {
+  if (!jax_mla::make_tensor_map_2d(&map, buf, jax_mla::DType::kBF16, uint64_t(tiles) * kBlockN, 576, 576, kBlockN,
+                                   jax_mla::kKvBoxCols, &err)) {
     std::fprintf(stderr, "tensor map: %s\n", err);
     std::exit(1);
   }
-  const int smem = static_cast<int>(sizeof(Ring)) + 1024;  // always 3 slots: one CTA per SM
-  CHECK_CUDA(cudaFuncSetAttribute(stream_tiles, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  // One block table per sharing group.
+  const int groups = (ctas + share - 1) / share;
+  std::vector<int32_t> host(static_cast<size_t>(groups) * tiles_per_cta);
+  for (int g = 0; g < groups; ++g)
+    for (uint32_t t = 0; t < tiles_per_cta; ++t) host[size_t(g) * tiles_per_cta + t] = tile_of(g, t, tiles, tiles_per_cta);
+  int32_t* tables = nullptr;
+  CHECK_CUDA(cudaMalloc(&tables, host.size() * sizeof(int32_t)));
+  CHECK_CUDA(cudaMemcpy(tables, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+
+  const Kernel kernel = kernel_for(stages);
+  const int smem = static_cast<int>(sizeof(Ring<kMaxStages>)) + 1024;  // always 3 stages: one CTA per SM
+  CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaEvent_t a, b;
   CHECK_CUDA(cudaEventCreate(&a));
   CHECK_CUDA(cudaEventCreate(&b));
   std::vector<float> ms;
   for (int r = 0; r < reps + 2; ++r) {  // 2 warm-up runs (the first also fills L2 for small sets)
     CHECK_CUDA(cudaEventRecord(a));
-    stream_tiles<<<ctas, 32, smem>>>(map, stages, share, tiles, tiles_per_cta, sink);
+    kernel<<<ctas, 32, smem>>>(map, share, tiles, tiles_per_cta, tables, sink);
     CHECK_CUDA(cudaEventRecord(b));
     CHECK_CUDA(cudaEventSynchronize(b));
     CHECK_CUDA(cudaGetLastError());
@@ -129,6 +162,7 @@ Result run(void* buf, uint32_t tiles, int stages, int share, uint32_t tiles_per_
   const double landed = double(ctas) * tiles_per_cta * kKvTileBytes;
   CHECK_CUDA(cudaEventDestroy(a));
   CHECK_CUDA(cudaEventDestroy(b));
+  CHECK_CUDA(cudaFree(tables));
   // Unshared: the bytes of one CTA per sharing group, what DRAM supplies when the other sharers
   // find each tile in L2 (for a large working set, where tiles do not repeat).
   return {sec * 1e6, landed / sec * 1e-9, landed / share / sec * 1e-9};
