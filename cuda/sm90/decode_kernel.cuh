@@ -63,17 +63,19 @@ __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const D
   tr.finish();
 }
 
-// Issues S = Q K^T for the tile in stage st (all 9 boxes, all 64 keys) as one wgmma group, waiting
-// on each box as it lands. The caller waits for the group.
+// Issues the part of S = Q K^T for the tile in stage st that reads boxes [box_begin, box_end) as one
+// wgmma group, waiting on each box as it lands; box_begin == 0 starts the accumulator at zero. The
+// caller waits for the group(s).
 template <typename Element>
 __device__ __forceinline__ void issue_scores(SharedStorage<Element>& s, const KVConsumer<kNumKvStages>& kv,
                                              const PipelineState<kNumKvStages>& st, ScoreFragment& sc,
-                                             Tracer& tr) {
+                                             Tracer& tr, int box_begin = 0, int box_end = kKvBoxesQK) {
   const uint32_t q_base = ptx::smem_addr(&s.q[0][0]);
   const uint32_t k_base = ptx::smem_addr(&s.kv[st.stage][0][0]);
   wgmma_fence();
 #pragma unroll
   for (int box = 0; box < kKvBoxesQK; ++box) {
+    if (box < box_begin || box >= box_end) continue;
     kv.wait_box(st, box);
     if (box == kKvBoxesQK - 1) tr.mark(kTrLastBoxReady);
 #pragma unroll
@@ -308,18 +310,21 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
         other_step<Element>(s, st, rc, consumer, t, rs, o, tr);
         tr.mark(kTrPvOtherIssued);
         if (blk + 1 < w.end_block) {
-          // Hand this stage back before waiting on the next tile's boxes in issue_scores: left
-          // pending until after that S (as before), the release of tile g waited for tile g + 1 to
-          // land, so the producer could start the load of g + 2 only once g + 1 was in: one
-          // 72 KB load in flight per SM instead of two. The price is the issue gap between our
-          // P V and S (the tensor pipe is fed by the owner's P V meanwhile).
-          wgmma_wait<0>();
+          // Hand this stage back as soon as our P V of it completed, before waiting on the next
+          // tile's later boxes: left pending until after that S (before v8), the release of tile
+          // g waited for tile g + 1 to land, so the producer could start the load of g + 2 only
+          // once g + 1 was in: one 72 KB load in flight per SM instead of two. S of the next tile
+          // starts with its first box, queued behind this P V as its own wgmma group, so the
+          // tensor pipe goes from the P V straight into S instead of idling through the wait,
+          // the release and the first issue; the other eight boxes follow the release.
+          issue_scores(s, kv, st.next(), sc, tr, 0, 1);
+          wgmma_wait<1>();
           fence_operands(o);
           tr.mark(kTrPvDone);
           if (elected) kv.release_stage(st.stage);
           tr.mark(kTrReleased);
           pending_release = -1;
-          issue_scores(s, kv, st.next(), sc, tr);
+          issue_scores(s, kv, st.next(), sc, tr, 1, kKvBoxesQK);
           tr.mark(kTrSIssued);
           st.advance();
           continue;
