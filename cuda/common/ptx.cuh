@@ -142,10 +142,15 @@ __device__ __forceinline__ void cluster_sync() {
 }
 
 // One arrival on the mbarrier at `bar`'s offset in CTA `cta_rank` of the cluster (this CTA too).
+// CTA-scope release (the PTX default), not .release.cluster: the consumers' only use of it is
+// handing back a stage whose readers (wgmma) completed at wgmma.wait_group, so no memory access of
+// this thread has to become visible to the peer first; a cluster-scope release costs a MEMBAR.GPU
+// before every remote arrival (126 of them in the SM90 kernel's SASS), on the critical path of the
+// stage's reload.
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(cta_rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 
 // ---- fences and barriers --------------------------------------------------------------------
