@@ -233,7 +233,7 @@ run_trace() {
 # sweep ("WS_MB STAGES SHARE [TILES_PER_CTA] [REPS]").
 run_tmabw() {
   echo "== TMA load ceiling (benchmarks/tma_bandwidth.cu)"
-  nvcc -std=c++17 -O2 -arch=sm_90a -I cuda benchmarks/tma_bandwidth.cu cuda/common/tensor_map.cu \
+  nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a -I cuda benchmarks/tma_bandwidth.cu cuda/common/tensor_map.cu \
     -o /tmp/tma_bandwidth > "$OUT/tmabw-build.log" 2>&1 || { echo "build failed"; tail -5 "$OUT/tmabw-build.log"; status=1; return; }
   timeout 120 /tmp/tma_bandwidth ${TMABW_ARGS:-} 2>&1 | tee "$OUT/tmabw.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1

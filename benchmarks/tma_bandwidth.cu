@@ -13,15 +13,22 @@
 // tables are a fixed pseudo-random permutation (paged caches scatter pages); the tables of
 // different groups do not overlap while groups x tiles per CTA <= tiles in the working set.
 //
+// Contention mode (`mma` = 1 or 2 warpgroups, stages <= 2): besides the producer, that many
+// warpgroups run the decode consumers' heaviest shared-memory reader the whole time, Q K^T as 36
+// wgmma m64n64k16 with both operands in shared memory (a 72 KB region outside the ring), so the
+// TMA writes compete with wgmma operand reads for the SM's shared-memory bandwidth as they do in
+// the decode kernel. Two warpgroups keep the tensor pipe busy; the table then also gives the
+// tensor rate reached (MACs per SM clock, from the iteration count and the clock64 span).
+//
 // Prints, per configuration, the median time of one kernel over `reps` runs, the bytes landed in
 // shared memory per second (the L2 -> SM rate) and the same divided by `share` (what DRAM supplies
 // when the other sharers find each tile in L2). docs/performance.md (fifth session of 2026-12-03,
 // next step 4) says why.
 //
 // Build and run on the GPU machine (compile only here):
-//   nvcc -std=c++17 -O2 -arch=sm_90a -I cuda benchmarks/tma_bandwidth.cu cuda/common/tensor_map.cu \
+//   nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a -I cuda benchmarks/tma_bandwidth.cu cuda/common/tensor_map.cu \
 //        -o /tmp/tma_bandwidth && /tmp/tma_bandwidth            # the default sweep
-//   /tmp/tma_bandwidth WS_MB STAGES SHARE [TILES_PER_CTA] [REPS]  # one configuration
+//   /tmp/tma_bandwidth WS_MB STAGES SHARE [TILES_PER_CTA] [REPS] [MMA_WGS]  # one configuration
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -34,6 +41,7 @@
 #include "common/kv_producer.cuh"
 #include "common/ptx.cuh"
 #include "common/tensor_map.h"
+#include "sm90/wgmma.cuh"
 
 namespace {
 
@@ -43,6 +51,8 @@ using jax_mla::kKvBoxElems;
 using jax_mla::kKvTileBytes;
 
 constexpr int kMaxStages = 3;  // 3 x 72 KB: what one SM's shared memory holds
+constexpr int kMaxMmaWarpgroups = 2;
+constexpr int kMmaRegionBytes = kKvTileBytes;  // (9 boxes, 64, 64): Q-like and K-like operands
 constexpr int kLog2PageSize = 6;  // pages of kBlockN tokens: one TMA copy per box
 static_assert((1 << kLog2PageSize) == kBlockN);
 
@@ -67,17 +77,67 @@ uint32_t tile_of(uint32_t g, uint32_t t, uint32_t tiles, uint32_t tiles_per_cta)
   return ((g * tiles_per_cta + t) * 2654435761u) & (tiles - 1);
 }
 
+// Bytes of dynamic shared memory: the ring, then (contention mode) the 1024-aligned MMA region.
 template <int kStages>
-__global__ void __launch_bounds__(32, 1)
+__host__ __device__ constexpr int mma_region_offset() {
+  return (static_cast<int>(sizeof(Ring<kStages>)) + 1023) / 1024 * 1024;
+}
+
+// The contention warpgroups: S-like groups (36 wgmma m64n64k16, both operands from the region)
+// until the producer sets `*done`; counts its iterations into iters (one elected thread).
+__device__ __forceinline__ void contend(uint32_t region, volatile int* done, unsigned long long* iters,
+                                        unsigned long long* clocks) {
+  using namespace jax_mla::sm90;
+  float acc[32];
+  zero_accumulator(acc);
+  uint32_t n = 0;
+  const long long t0 = clock64();
+  while (*done == 0) {
+    wgmma_fence();
+#pragma unroll
+    for (int box = 0; box < kKvBoxesQK; ++box) {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint32_t off = box * jax_mla::kKvBoxBytes + kk * 32;
+        wgmma_m64n64k16_ss<__nv_bfloat16>(acc, desc_k_major(region + off), desc_k_major(region + off), 1);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(acc);
+    ++n;
+  }
+  const long long t1 = clock64();
+  if (threadIdx.x % 128 == 0) {
+    atomicAdd(iters, static_cast<unsigned long long>(n));
+    atomicAdd(clocks, static_cast<unsigned long long>(t1 - t0));
+  }
+  if (acc[0] == 12345.f) atomicAdd(iters, 1ull);  // keeps the MMAs live
+}
+
+template <int kStages>
+__global__ void __launch_bounds__(128 * (1 + kMaxMmaWarpgroups), 1)
     stream_tiles(const __grid_constant__ CUtensorMap map, int share, uint32_t tiles, uint32_t tiles_per_cta,
-                 const int32_t* tables, uint32_t* sink) {
+                 const int32_t* tables, uint32_t* sink, unsigned long long* mma_stats) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   namespace ptx = jax_mla::ptx;
   extern __shared__ uint8_t smem_raw[];
-  auto& ring = *reinterpret_cast<Ring<kStages>*>(ptx::align_dynamic_smem<1024>(smem_raw));
+  uint8_t* base = static_cast<uint8_t*>(ptx::align_dynamic_smem<1024>(smem_raw));
+  auto& ring = *reinterpret_cast<Ring<kStages>*>(base);
+  __shared__ int done;
+  if (threadIdx.x == 0) {
+    done = 0;
+    ring.bars.init(1);
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x >= 128) {  // contention warpgroups (blockDim.x > 128 only with stages <= 2)
+    if constexpr (kStages <= 2) {
+      contend(ptx::smem_addr(base + mma_region_offset<kStages>()), &done, &mma_stats[0], &mma_stats[1]);
+    }
+    return;
+  }
   if (threadIdx.x != 0) return;
-  ring.bars.init(1);
-  ptx::fence_barrier_init();
   jax_mla::DecodeKVProducer<uint16_t, kStages> producer{&ring.bars, &ring.kv[0][0][0], {}, 0, 1};
   const jax_mla::KVConsumer<kStages> consumer{&ring.bars, 1};
   jax_mla::PipelineState<kStages> next_landed;  // the oldest tile in flight
@@ -104,15 +164,16 @@ __global__ void __launch_bounds__(32, 1)
     producer.commit_step();
   }
   for (uint32_t t = 0; t < tiles_per_cta && t < static_cast<uint32_t>(kStages); ++t) consume();
+  *static_cast<volatile int*>(&done) = 1;
   atomicAdd(sink, ring.kv[0][0][0]);  // keep the loads observable
 #endif
 }
 
 struct Result {
-  double us, gbps_sm, gbps_unshared;
+  double us, gbps_sm, gbps_unshared, macs_per_clock;
 };
 
-using Kernel = void (*)(CUtensorMap, int, uint32_t, uint32_t, const int32_t*, uint32_t*);
+using Kernel = void (*)(CUtensorMap, int, uint32_t, uint32_t, const int32_t*, uint32_t*, unsigned long long*);
 
 Kernel kernel_for(int stages) {
   switch (stages) {
@@ -122,8 +183,8 @@ Kernel kernel_for(int stages) {
   }
 }
 
-Result run(void* buf, uint32_t tiles, int stages, int share, uint32_t tiles_per_cta, int reps, int ctas,
-           uint32_t* sink) {
+Result run(void* buf, uint32_t tiles, int stages, int share, uint32_t tiles_per_cta, int reps, int ctas, int mma,
+           uint32_t* sink, unsigned long long* mma_stats) {
   CUtensorMap map;
   const char* err = nullptr;
   if (!jax_mla::make_tensor_map_2d(&map, buf, jax_mla::DType::kBF16, uint64_t(tiles) * kBlockN, 576, 576, kBlockN,
@@ -141,22 +202,32 @@ Result run(void* buf, uint32_t tiles, int stages, int share, uint32_t tiles_per_
   CHECK_CUDA(cudaMemcpy(tables, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
 
   const Kernel kernel = kernel_for(stages);
-  const int smem = static_cast<int>(sizeof(Ring<kMaxStages>)) + 1024;  // always 3 stages: one CTA per SM
+  // Always the largest request (one CTA per SM): 3 stages, or 2 stages and the MMA region.
+  const int smem = std::max(static_cast<int>(sizeof(Ring<kMaxStages>)), mma_region_offset<2>() + kMmaRegionBytes) + 1024;
   CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaEvent_t a, b;
   CHECK_CUDA(cudaEventCreate(&a));
   CHECK_CUDA(cudaEventCreate(&b));
   std::vector<float> ms;
+  std::vector<double> rate;  // MACs per SM clock of the contention warpgroups, per run
   for (int r = 0; r < reps + 2; ++r) {  // 2 warm-up runs (the first also fills L2 for small sets)
+    CHECK_CUDA(cudaMemset(mma_stats, 0, 2 * sizeof(unsigned long long)));
     CHECK_CUDA(cudaEventRecord(a));
-    kernel<<<ctas, 32, smem>>>(map, share, tiles, tiles_per_cta, tables, sink);
+    kernel<<<ctas, 128 * (1 + mma), smem>>>(map, share, tiles, tiles_per_cta, tables, sink, mma_stats);
     CHECK_CUDA(cudaEventRecord(b));
     CHECK_CUDA(cudaEventSynchronize(b));
     CHECK_CUDA(cudaGetLastError());
     float m = 0.f;
     CHECK_CUDA(cudaEventElapsedTime(&m, a, b));
-    if (r >= 2) ms.push_back(m);
+    unsigned long long st[2];
+    CHECK_CUDA(cudaMemcpy(st, mma_stats, sizeof(st), cudaMemcpyDeviceToHost));
+    if (r >= 2) {
+      ms.push_back(m);
+      // iterations x 36 x (64 x 64 x 16) MACs over the mean clocks of one warpgroup, per SM.
+      if (mma > 0 && st[1] > 0) rate.push_back(double(st[0]) * 36 * 65536 / (double(st[1]) / (ctas * mma)) / ctas);
+    }
   }
+  std::sort(rate.begin(), rate.end());
   std::sort(ms.begin(), ms.end());
   const double sec = ms[ms.size() / 2] * 1e-3;
   const double landed = double(ctas) * tiles_per_cta * kKvTileBytes;
@@ -165,7 +236,7 @@ Result run(void* buf, uint32_t tiles, int stages, int share, uint32_t tiles_per_
   CHECK_CUDA(cudaFree(tables));
   // Unshared: the bytes of one CTA per sharing group, what DRAM supplies when the other sharers
   // find each tile in L2 (for a large working set, where tiles do not repeat).
-  return {sec * 1e6, landed / sec * 1e-9, landed / share / sec * 1e-9};
+  return {sec * 1e6, landed / sec * 1e-9, landed / share / sec * 1e-9, rate.empty() ? 0.0 : rate[rate.size() / 2]};
 }
 
 }  // namespace
@@ -180,10 +251,12 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMemset(buf, 0, max_ws_mb << 20));
   uint32_t* sink = nullptr;
   CHECK_CUDA(cudaMalloc(&sink, sizeof(uint32_t)));
+  unsigned long long* mma_stats = nullptr;  // (iterations, clocks) summed over contention warpgroups
+  CHECK_CUDA(cudaMalloc(&mma_stats, 2 * sizeof(unsigned long long)));
 
   struct Config {
     uint64_t ws_mb;
-    int stages, share;
+    int stages, share, mma;
   };
   std::vector<Config> configs;
   // 132 groups x 240 tiles < the 32768 tiles of the 4 GB set: from DRAM, no group re-reads a tile
@@ -191,32 +264,38 @@ int main(int argc, char** argv) {
   uint32_t tiles_per_cta = 240;
   int reps = 5;
   if (argc >= 4) {
-    configs.push_back({std::strtoull(argv[1], nullptr, 10), std::atoi(argv[2]), std::atoi(argv[3])});
+    configs.push_back({std::strtoull(argv[1], nullptr, 10), std::atoi(argv[2]), std::atoi(argv[3]),
+                       argc >= 7 ? std::atoi(argv[6]) : 0});
     if (argc >= 5) tiles_per_cta = static_cast<uint32_t>(std::atoi(argv[4]));
     if (argc >= 6) reps = std::atoi(argv[5]);
   } else {
     for (uint64_t ws : {uint64_t(16), max_ws_mb})
       for (int share : {1, 2})
-        for (int stages : {1, 2, 3}) configs.push_back({ws, stages, share});
+        for (int stages : {1, 2, 3}) configs.push_back({ws, stages, share, 0});
+    // The same loads against the decode kernels' S traffic (contention mode), h_q = 128's pattern.
+    for (uint64_t ws : {uint64_t(16), max_ws_mb})
+      for (int mma : {1, 2}) configs.push_back({ws, 2, 2, mma});
   }
   std::printf("# %d SMs, one CTA each; tiles of 64 x 576 bf16 (%d KB) as 9 TMA boxes; %u tiles per CTA\n", sms,
               kKvTileBytes / 1024, tiles_per_cta);
-  std::printf("%8s %7s %6s %10s %14s %14s\n", "ws_MB", "stages", "share", "us", "GB/s_into_SMs",
-              "GB/s_unshared");
+  std::printf("%8s %7s %6s %4s %10s %14s %14s %10s\n", "ws_MB", "stages", "share", "mma", "us", "GB/s_into_SMs",
+              "GB/s_unshared", "MAC/clk");
   for (const Config& c : configs) {
-    if (c.stages < 1 || c.stages > kMaxStages || c.share < 1 || c.ws_mb > max_ws_mb) {
-      std::fprintf(stderr, "bad configuration (stages 1..%d, share >= 1, ws <= %llu MB)\n", kMaxStages,
-                   static_cast<unsigned long long>(max_ws_mb));
+    if (c.stages < 1 || c.stages > kMaxStages || c.share < 1 || c.ws_mb > max_ws_mb || c.mma < 0 ||
+        c.mma > kMaxMmaWarpgroups || (c.mma > 0 && c.stages > 2)) {
+      std::fprintf(stderr, "bad configuration (stages 1..%d, share >= 1, ws <= %llu MB, mma 0..%d and only with stages <= 2)\n",
+                   kMaxStages, static_cast<unsigned long long>(max_ws_mb), kMaxMmaWarpgroups);
       return 2;
     }
     // A power of two of tiles that fits the working set.
     uint32_t tiles = 1;
     while (uint64_t(tiles) * 2 * kKvTileBytes <= (c.ws_mb << 20)) tiles *= 2;
-    const Result r = run(buf, tiles, c.stages, c.share, tiles_per_cta, reps, sms, sink);
-    std::printf("%8llu %7d %6d %10.1f %14.0f %14.0f\n", static_cast<unsigned long long>(c.ws_mb), c.stages, c.share,
-                r.us, r.gbps_sm, r.gbps_unshared);
+    const Result r = run(buf, tiles, c.stages, c.share, tiles_per_cta, reps, sms, c.mma, sink, mma_stats);
+    std::printf("%8llu %7d %6d %4d %10.1f %14.0f %14.0f %10.0f\n", static_cast<unsigned long long>(c.ws_mb), c.stages,
+                c.share, c.mma, r.us, r.gbps_sm, r.gbps_unshared, r.macs_per_clock);
   }
   CHECK_CUDA(cudaFree(buf));
   CHECK_CUDA(cudaFree(sink));
+  CHECK_CUDA(cudaFree(mma_stats));
   return 0;
 }
