@@ -13,12 +13,13 @@
 // tables are a fixed pseudo-random permutation (paged caches scatter pages); the tables of
 // different groups do not overlap while groups x tiles per CTA <= tiles in the working set.
 //
-// Contention mode (`mma` = 1 or 2 warpgroups, stages <= 2): besides the producer, that many
-// warpgroups run the decode consumers' heaviest shared-memory reader the whole time, Q K^T as 36
-// wgmma m64n64k16 with both operands in shared memory (a 72 KB region outside the ring), so the
-// TMA writes compete with wgmma operand reads for the SM's shared-memory bandwidth as they do in
-// the decode kernel. Two warpgroups keep the tensor pipe busy; the table then also gives the
-// tensor rate reached (MACs per SM clock, from the iteration count and the clock64 span).
+// Contention mode (`mma` = 1 or 2 warpgroups, stages <= 2): besides the producer, warpgroup 1 runs
+// the decode consumers' heaviest shared-memory reader the whole time, Q K^T as 36 wgmma m64n64k16
+// with both operands in shared memory (a 72 KB region outside the ring), and with mma = 2
+// warpgroup 2 runs P V-like groups (m64n256k16, both operands in shared memory), so the TMA writes
+// compete with wgmma operand reads for the SM's shared-memory bandwidth as they do in the decode
+// kernel. The table then also gives the tensor rate reached (MACs per SM clock, from the MAC count
+// and the clock64 span of each warpgroup; 2048 is the dense bf16 peak).
 //
 // Prints, per configuration, the median time of one kernel over `reps` runs, the bytes landed in
 // shared memory per second (the L2 -> SM rate) and the same divided by `share` (what DRAM supplies
@@ -83,23 +84,50 @@ __host__ __device__ constexpr int mma_region_offset() {
   return (static_cast<int>(sizeof(Ring<kStages>)) + 1023) / 1024 * 1024;
 }
 
-// The contention warpgroups: S-like groups (36 wgmma m64n64k16, both operands from the region)
-// until the producer sets `*done`; counts its iterations into iters (one elected thread).
-__device__ __forceinline__ void contend(uint32_t region, volatile int* done, unsigned long long* iters,
-                                        unsigned long long* clocks) {
+// True in every thread of the warpgroup if `pred` holds in any (bar.red.or over the warpgroup's
+// own named barrier): the loop below must leave in all four warps at once, since wgmma is
+// .sync.aligned over the warpgroup (a warp left behind is an illegal instruction).
+__device__ __forceinline__ bool warpgroup_any(int barrier_id, bool pred) {
+  uint32_t out;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, 128, p;\n selp.u32 %0, 1, 0, q;\n}"
+      : "=r"(out)
+      : "r"(static_cast<uint32_t>(pred)), "r"(barrier_id)
+      : "memory");
+  return out != 0;
+}
+
+// One contention warpgroup until the producer sets `*done`. Kind 0 runs Q K^T-like groups (36 wgmma
+// m64n64k16, A and B K-major from the region: 128 bytes of operands per tensor clock at full
+// rate); kind 1 runs P V-like groups (4 wgmma m64n256k16, A = a (64, 64) box K-major, B = four
+// boxes MN-major: the non-owner's P V of the decode kernel). stats: (MACs, clocks summed over
+// warpgroups), one elected thread each.
+template <int kKind>
+__device__ __forceinline__ void contend(uint32_t region, int barrier_id, volatile int* done,
+                                        unsigned long long* stats) {
   using namespace jax_mla::sm90;
-  float acc[32];
+  constexpr int kAcc = kKind == 0 ? 32 : 128;
+  constexpr unsigned long long kMacsPerGroup = kKind == 0 ? 36ull * 64 * 64 * 16 : 4ull * 64 * 256 * 16;
+  float acc[kAcc];
   zero_accumulator(acc);
   uint32_t n = 0;
   const long long t0 = clock64();
-  while (*done == 0) {
+  while (!warpgroup_any(barrier_id, *done != 0)) {
     wgmma_fence();
+    if constexpr (kKind == 0) {
 #pragma unroll
-    for (int box = 0; box < kKvBoxesQK; ++box) {
+      for (int box = 0; box < kKvBoxesQK; ++box) {
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const uint32_t off = box * jax_mla::kKvBoxBytes + kk * 32;
-        wgmma_m64n64k16_ss<__nv_bfloat16>(acc, desc_k_major(region + off), desc_k_major(region + off), 1);
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint32_t off = box * jax_mla::kKvBoxBytes + kk * 32;
+          wgmma_m64n64k16_ss<__nv_bfloat16>(acc, desc_k_major(region + off), desc_k_major(region + off), 1);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {  // 16 tokens per step: 2 KB further in the MN-major boxes
+        wgmma_m64n256k16_ss<__nv_bfloat16>(acc, desc_k_major(region + 8 * jax_mla::kKvBoxBytes + kk * 32),
+                                           desc_mn_major(region + kk * 2048, jax_mla::kKvBoxBytes), 1);
       }
     }
     wgmma_commit();
@@ -109,10 +137,10 @@ __device__ __forceinline__ void contend(uint32_t region, volatile int* done, uns
   }
   const long long t1 = clock64();
   if (threadIdx.x % 128 == 0) {
-    atomicAdd(iters, static_cast<unsigned long long>(n));
-    atomicAdd(clocks, static_cast<unsigned long long>(t1 - t0));
+    atomicAdd(&stats[0], n * kMacsPerGroup);
+    atomicAdd(&stats[1], static_cast<unsigned long long>(t1 - t0));
   }
-  if (acc[0] == 12345.f) atomicAdd(iters, 1ull);  // keeps the MMAs live
+  if (acc[0] == 12345.f) atomicAdd(&stats[0], 1ull);  // keeps the MMAs live
 }
 
 template <int kStages>
@@ -133,7 +161,13 @@ __global__ void __launch_bounds__(128 * (1 + kMaxMmaWarpgroups), 1)
   __syncthreads();
   if (threadIdx.x >= 128) {  // contention warpgroups (blockDim.x > 128 only with stages <= 2)
     if constexpr (kStages <= 2) {
-      contend(ptx::smem_addr(base + mma_region_offset<kStages>()), &done, &mma_stats[0], &mma_stats[1]);
+      // Warpgroup 1: Q K^T-like; warpgroup 2 (mma = 2): P V-like, as the decode kernel's two consumers.
+      const uint32_t region = ptx::smem_addr(base + mma_region_offset<kStages>());
+      if (threadIdx.x < 256) {
+        contend<0>(region, 1, &done, mma_stats);
+      } else {
+        contend<1>(region, 2, &done, mma_stats);
+      }
     }
     return;
   }
@@ -223,8 +257,8 @@ Result run(void* buf, uint32_t tiles, int stages, int share, uint32_t tiles_per_
     CHECK_CUDA(cudaMemcpy(st, mma_stats, sizeof(st), cudaMemcpyDeviceToHost));
     if (r >= 2) {
       ms.push_back(m);
-      // iterations x 36 x (64 x 64 x 16) MACs over the mean clocks of one warpgroup, per SM.
-      if (mma > 0 && st[1] > 0) rate.push_back(double(st[0]) * 36 * 65536 / (double(st[1]) / (ctas * mma)) / ctas);
+      // All contention MACs over the mean clocks of one warpgroup, per SM.
+      if (mma > 0 && st[1] > 0) rate.push_back(double(st[0]) / (double(st[1]) / (ctas * mma)) / ctas);
     }
   }
   std::sort(rate.begin(), rate.end());
@@ -251,7 +285,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMemset(buf, 0, max_ws_mb << 20));
   uint32_t* sink = nullptr;
   CHECK_CUDA(cudaMalloc(&sink, sizeof(uint32_t)));
-  unsigned long long* mma_stats = nullptr;  // (iterations, clocks) summed over contention warpgroups
+  unsigned long long* mma_stats = nullptr;  // (MACs, clocks) summed over contention warpgroups
   CHECK_CUDA(cudaMalloc(&mma_stats, 2 * sizeof(unsigned long long)));
 
   struct Config {
