@@ -65,10 +65,49 @@ run_tests() {
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 
+# The SM clock and power while the GPU is busy: nvidia-smi every 100 ms in the background
+# (clock_probe_start), then (clock_probe_report) the median SM clock and power of the samples
+# drawing more than 300 W and the clock-event (throttle) reasons seen, so the clocks of a sustained
+# loop are measured rather than assumed (clock64 counts in the event trace are SM clocks).
+clock_probe_start() {
+  (nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 100 > "$OUT/clocks-$1.log" 2>&1 &)
+  # The reasons in a second sampler (a field this driver does not know must not cost the clocks).
+  (nvidia-smi --query-gpu=clocks.sm,power.draw,clocks_event_reasons.active --format=csv,noheader,nounits -lms 100 \
+     > "$OUT/clocks-$1-reasons.log" 2>&1 &)
+}
+clock_probe_report() {
+  pkill -f "nvidia-smi --query-gpu=clocks.sm" || true
+  python3 - "$OUT/clocks-$1.log" "$1" "$OUT/clocks-$1-reasons.log" <<'PYEOF'
+import collections, sys
+rows = []
+for path in (sys.argv[3], sys.argv[1]):  # with reasons if that sampler worked
+    for line in open(path):
+        f = [x.strip() for x in line.split(",")]
+        try:
+            rows.append((int(f[0]), float(f[1]), f[2] if len(f) > 2 else "?"))
+        except (ValueError, IndexError):
+            pass
+    if rows:
+        break
+busy = sorted((r for r in rows if r[1] > 300), key=lambda r: r[0])
+if not busy:
+    print(f"# clocks ({sys.argv[2]}): no sample above 300 W among {len(rows)}")
+else:
+    clk = busy[len(busy) // 2][0]
+    pwr = sorted(r[1] for r in busy)[len(busy) // 2]
+    why = collections.Counter(r[2] for r in busy).most_common(3)
+    print(f"# clocks ({sys.argv[2]}): {len(busy)} of {len(rows)} samples above 300 W: median SM clock {clk} MHz "
+          f"(min {min(r[0] for r in busy)}), median power {pwr:.0f} W (max {max(r[1] for r in busy):.0f}); "
+          f"clock-event reasons {why}")
+PYEOF
+}
+
 run_bench() {
   echo "== benchmark"
+  clock_probe_start bench
   timeout "${BENCH_TIMEOUT:-240}" python3 benchmarks/bench_decode.py ${BENCH_ARGS:---xla} --json "$OUT/bench${BENCH_TAG:+-$BENCH_TAG}.json" 2>&1 | tee "$OUT/bench.log" | grep -v "^#" | tail -20
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  clock_probe_report bench
 }
 
 run_sanitize() {
@@ -117,6 +156,7 @@ with_variant() {
 run_ab() {
   echo "== A/B: ${AB_VARIANTS:-}"
   (nvidia-smi dmon -s pc -d 2 > "$OUT/dmon.log" 2>&1 &) ; local i=0 tags=()
+  clock_probe_start ab
   for v in ${AB_VARIANTS:-}; do
     i=$((i + 1)); tags+=("$v")
     with_variant "$v" timeout "${AB_TIMEOUT:-200}" python3 benchmarks/bench_decode.py --no-ceilings \
@@ -124,6 +164,7 @@ run_ab() {
       > "$OUT/ab-$i.log" 2>&1 || { echo "variant $v failed (exit $?)"; tail -5 "$OUT/ab-$i.log"; status=1; }
   done
   pkill -f "nvidia-smi dmon" || true
+  clock_probe_report ab
   python3 - "$OUT" "${tags[@]}" <<'PYEOF'
 import json, os, sys
 out, tags = sys.argv[1], sys.argv[2:]
