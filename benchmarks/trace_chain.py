@@ -10,7 +10,10 @@ issued by the producer. This runs one decode call of the config (after a warm-up
 log and prints, per role, every transition between consecutive events with its count and median
 and mean duration in SM clocks, and the share of the role's time it takes; then, per tile, the
 clocks from the producer's load to the consumer's wait on the tile's last box; with --cta N, that
-CTA's events of all roles in clock order. Traced builds are slower (a global store per event):
+CTA's events of all roles in clock order. A fourth role, the CTA, stamps the kernel's first
+instruction and the end of the grid-dependency (PDL) wait, and every role its exit, with the global
+timer as well as clock64: that gives the kernel's span across CTAs, the launch skew, the PDL wait
+and the SM clock (clock64 over ns), which per-SM clocks alone cannot. Traced builds are slower (a global store per event):
 compare shapes of the chain, not absolute times, with the benchmark.
 
 Reading the marks after a named-barrier wait (P_ready): in the log of 2026-12-03 (fifth session,
@@ -31,9 +34,13 @@ sys.path.insert(0, HERE)
 # Event ids: cuda/sm90/trace.cuh (TraceEvent).
 EVENTS = {1: "piece_begin", 2: "S_issued", 3: "S_done", 4: "softmax_done", 5: "PV_own_issued", 6: "P_ready",
           7: "PV_other_issued", 8: "PV_done", 9: "released", 10: "piece_end", 11: "last_box_ready",
-          16: "acquired", 17: "load_issued"}
+          16: "acquired", 17: "load_issued", 18: "cta_entry", 19: "dep_ready", 20: "exit"}
 LOAD_ISSUED, LAST_BOX_READY = 17, 11
-ROLES = ("producer", "consumer0", "consumer1")
+CTA_ENTRY, DEP_READY, EXIT = 18, 19, 20
+NS_FLAG = 0x80  # event ids stamped with %globaltimer (ns, 56 bits) instead of clock64
+NS_WRAP = 1 << 56
+ROLES = ("producer", "consumer0", "consumer1", "cta")
+ROLE_CTA = 3
 
 
 def parse(words, ctas: int, roles: int, slots: int):
@@ -48,6 +55,77 @@ def parse(words, ctas: int, roles: int, slots: int):
             n = min(n, slots - 1)
             out[(cta, role)] = [(int(w) >> 8, int(w) & 0xFF) for w in words[base + 1:base + 1 + n]]
     return out
+
+
+def split_clocks(log):
+    """(clock events, global-timer events) of a parsed log: the ns events (id | NS_FLAG) are
+    returned apart, with the flag removed, so the clock analyses never mix the two time bases."""
+    clk, ns = {}, {}
+    for key, events in log.items():
+        c = [(t, e) for t, e in events if not e & NS_FLAG]
+        n = [(t, e & ~NS_FLAG) for t, e in events if e & NS_FLAG]
+        if c:
+            clk[key] = c
+        if n:
+            ns[key] = n
+    return clk, ns
+
+
+def ns_diff(a, b):
+    """a - b for 56-bit global-timer stamps (wraps every ~2.3 years)."""
+    return (a - b) % NS_WRAP
+
+
+def timeline(clk, ns):
+    """Per CTA, from the global timer: entry (the kernel's first instruction), dependency ready
+    (after grid_dependency_wait), last exit over its roles, all in ns relative to the first entry
+    of any CTA; and the SM clock in GHz (clock64 over global-timer time from entry to last exit)."""
+    entries = {}
+    for (cta, role), events in ns.items():
+        if role == ROLE_CTA:
+            for t, e in events:
+                if e == CTA_ENTRY:
+                    entries[cta] = t
+    if not entries:
+        return []
+    ref = next(iter(entries.values()))
+    signed = lambda t: (t - ref + NS_WRAP // 2) % NS_WRAP - NS_WRAP // 2  # offset from ref, either sign
+    t0 = min(entries.values(), key=signed)
+    rows = []
+    for cta, t_entry in sorted(entries.items()):
+        dep = [t for t, e in ns.get((cta, ROLE_CTA), []) if e == DEP_READY]
+        exits = [(t, role) for role in range(ROLE_CTA) for t, e in ns.get((cta, role), []) if e == EXIT]
+        if not exits:
+            continue
+        t_exit, role_exit = max(exits, key=lambda x: ns_diff(x[0], t_entry))
+        clk_entry = [t for t, e in clk.get((cta, ROLE_CTA), []) if e == CTA_ENTRY]
+        clk_exit = [t for t, e in clk.get((cta, role_exit), []) if e == EXIT]
+        busy_ns = ns_diff(t_exit, t_entry)
+        ghz = (clk_exit[-1] - clk_entry[0]) / busy_ns if clk_entry and clk_exit and busy_ns > 0 else float("nan")
+        rows.append({"cta": cta, "entry": ns_diff(t_entry, t0), "dep": ns_diff(dep[0], t0) if dep else None,
+                     "exit": ns_diff(t_exit, t0), "ghz": ghz})
+    return rows
+
+
+def timeline_lines(rows):
+    """Kernel span, launch skew, the dependency wait and the SM clock, from timeline()."""
+    if not rows:
+        return ["# no global-timer events (a trace build older than the CTA role?)"]
+    med = lambda v: sorted(v)[len(v) // 2]
+    entry = [r["entry"] for r in rows]
+    exit_ = [r["exit"] for r in rows]
+    dep = [r["dep"] - r["entry"] for r in rows if r["dep"] is not None]
+    busy = [r["exit"] - r["entry"] for r in rows]
+    ghz = [r["ghz"] for r in rows if r["ghz"] == r["ghz"]]
+    lines = [f"# global timer, {len(rows)} CTAs: first entry -> last exit {max(exit_) / 1e3:.1f} us; "
+             f"entries within {max(entry) / 1e3:.1f} us (median {med(entry) / 1e3:.1f}); "
+             f"exits from {min(exit_) / 1e3:.1f} to {max(exit_) / 1e3:.1f} us",
+             f"# per CTA: entry -> last exit median {med(busy) / 1e3:.1f} us (max {max(busy) / 1e3:.1f})"
+             + (f"; entry -> dependency ready median {med(dep) / 1e3:.2f} us (max {max(dep) / 1e3:.2f})" if dep else "")]
+    if ghz:
+        lines.append(f"# SM clock from clock64 / global timer: median {med(ghz):.3f} GHz "
+                     f"(min {min(ghz):.3f}, max {max(ghz):.3f})")
+    return lines
 
 
 def transitions(log):
@@ -126,14 +204,16 @@ def main() -> int:
     jax.block_until_ready(op(q, cache, tables[1], seq_lens))
     data, ctas, roles, slots = jax_mla._ext.sm90_trace(reset=True)
     words = np.frombuffer(data, dtype=np.uint64)
-    log = parse(words, ctas, roles, slots)
+    log, ns = split_clocks(parse(words, ctas, roles, slots))
     print(f"# {cfg.name}: {len(log)} (CTA, role) logs of {ctas} CTAs x {roles} roles")
     if not log:
         print("no events: was the SM90 kernel used (kernel_info) and is this a traced build?")
         return 1
     for line in summary_lines(transitions(log)):
         print(line)
-    spans = [ev[-1][0] - ev[0][0] for (cta, role), ev in log.items() if role > 0 and len(ev) > 1]
+    for line in timeline_lines(timeline(log, ns)):
+        print(line)
+    spans = [ev[-1][0] - ev[0][0] for (cta, role), ev in log.items() if role in (1, 2) and len(ev) > 1]
     if spans:
         print(f"# consumer span per CTA: median {sorted(spans)[len(spans) // 2]} clocks "
               f"(max {max(spans)}; {math.fsum(spans) / len(spans):.0f} mean)")

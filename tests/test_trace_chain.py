@@ -66,3 +66,34 @@ def test_dump_cta_merges_roles_in_clock_order():
                                                    ["producer", "load_issued"]]
     assert lines[0].split()[0] == "0" and lines[2].split()[0] == "30"
     assert m.dump_cta(log, 9) == ["no events for CTA 9"]
+
+
+def test_global_timer_events_are_split_from_clocks_and_give_the_timeline():
+    m = _load()
+    ns = lambda t, e: (t, e | m.NS_FLAG)
+    # Two CTAs. CTA 0 enters at 1000 ns (clock 50), dependency ready at 3000 ns, consumer 1 exits
+    # last at 101000 ns (clock 180050: 1.8 GHz over 100 us). CTA 1 enters 5000 ns later, across the
+    # 56-bit wrap of the timer, and exits at 90 us after the first entry.
+    wrap = m.NS_WRAP
+    e0, e1 = wrap - 1000, (wrap - 1000 + 5000) % wrap
+    raw = {
+        (0, m.ROLE_CTA): [(50, m.CTA_ENTRY), ns(e0, m.CTA_ENTRY), (3650, m.DEP_READY),
+                          ns((e0 + 2000) % wrap, m.DEP_READY)],
+        (0, 0): [(100, 16), (60050, m.EXIT), ns((e0 + 60000) % wrap, m.EXIT)],
+        (0, 2): [(200, 2), (180050, m.EXIT), ns((e0 + 100000) % wrap, m.EXIT)],
+        (1, m.ROLE_CTA): [(0, m.CTA_ENTRY), ns(e1, m.CTA_ENTRY)],
+        (1, 1): [(9, 2), (170000, m.EXIT), ns((e1 + 85000) % wrap, m.EXIT)],
+    }
+    clk, gt = m.split_clocks(raw)
+    assert all(not e & m.NS_FLAG for events in clk.values() for _, e in events)
+    assert gt[(0, 2)] == [((e0 + 100000) % wrap, m.EXIT)]
+    rows = {r["cta"]: r for r in m.timeline(clk, gt)}
+    assert rows[0]["entry"] == 0 and rows[0]["dep"] == 2000 and rows[0]["exit"] == 100000
+    assert abs(rows[0]["ghz"] - 1.8) < 1e-9
+    assert rows[1]["entry"] == 5000 and rows[1]["exit"] == 90000
+    lines = m.timeline_lines(list(rows.values()))
+    assert "last exit 100.0 us" in lines[0] and "entries within 5.0 us" in lines[0]
+    assert "min 1.800, max 2.000" in lines[-1]  # CTA 1: 170000 clocks in 85 us
+    # Logs without the CTA role (older traced builds) give no timeline, and say so.
+    assert m.timeline(clk, {}) == []
+    assert "no global-timer" in m.timeline_lines([])[0]

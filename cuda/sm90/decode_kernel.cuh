@@ -385,6 +385,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap q_map,
                   const __grid_constant__ CUtensorMap kv_map) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // Trace builds: when this CTA started and when the earlier kernel's memory became visible, in
+  // clocks and global-timer ns (launch skew and the PDL wait, which per-role clocks cannot show).
+  Tracer cta_tr;
+  cta_tr.init(p, kTraceRoleCta, threadIdx.x == 0);
+  cta_tr.mark_both(kTrCtaEntry);
   extern __shared__ uint8_t smem_raw[];
   auto& s = *reinterpret_cast<SharedStorage<Element>*>(ptx::align_dynamic_smem<1024>(smem_raw));
   // The CTAs of a cluster are row blocks of the same part: they walk the same tiles and share
@@ -410,6 +415,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Everything below reads memory written by earlier kernels (the schedule, q, the cache).
   ptx::grid_dependency_wait();
   ptx::grid_launch_dependents();
+  cta_tr.mark_both(kTrDepReady);
+  cta_tr.finish();
 
   const int part = p.row_blocks_adjacent ? blockIdx.y : blockIdx.x;
   const int m_block = p.row_blocks_adjacent ? blockIdx.x : blockIdx.y;

@@ -8,7 +8,8 @@
 // Layout of DecodeParams::trace: (trace_ctas, kTraceRoles, kTraceSlots) uint64; slot 0 of each
 // (CTA, role) holds the number of events that follow. CTA = blockIdx.x + gridDim.x * blockIdx.y;
 // CTAs past trace_ctas and events past kTraceSlots - 1 are dropped. clock64 is per SM: compare
-// times within one CTA only.
+// times within one CTA only; the CTA role's entry and dependency events and every role's exit are
+// also stamped with %globaltimer (kTrNsFlag), which is comparable across CTAs.
 #pragma once
 
 #include <cstdint>
@@ -31,9 +32,18 @@ enum TraceEvent : uint32_t {
   kTrLastBoxReady = 11,  // consumer: the wait on the last (RoPE) box of a tile's S returned
   kTrAcquired = 16,    // producer: a stage became free
   kTrLoadIssued = 17,  // producer: all TMA copies of a tile issued
+  kTrCtaEntry = 18,    // CTA role: the kernel's first instruction (thread 0)
+  kTrDepReady = 19,    // CTA role: grid_dependency_wait returned (the earlier kernel's memory is visible)
+  kTrExit = 20,        // every role: its last event
 };
 
-inline constexpr int kTraceRoles = 3;  // producer, consumer 0, consumer 1
+// Events stamped with %globaltimer (ns, low 56 bits) instead of clock64 carry this flag in their id;
+// each follows the clock64 event of the same id, so the pair gives the SM clock (clocks per ns) and
+// times that can be compared across CTAs (clock64 cannot: it is per SM).
+inline constexpr uint32_t kTrNsFlag = 0x80;
+
+inline constexpr int kTraceRoles = 4;  // producer, consumer 0, consumer 1, the CTA (entry, dependency)
+inline constexpr int kTraceRoleCta = 3;
 inline constexpr int kTraceSlots = 2048;
 
 struct Tracer {
@@ -51,12 +61,23 @@ struct Tracer {
       log[1 + n++] = (static_cast<uint64_t>(clock64()) << 8) | e;
     }
   }
+  // The clock64 event e, then the same event with the global timer (ns since an arbitrary epoch).
+  __device__ __forceinline__ void mark_both(TraceEvent e) {
+    mark(e);
+    if (log != nullptr && n < kTraceSlots - 1) {
+      uint64_t ns;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+      log[1 + n++] = ((ns & ((uint64_t(1) << 56) - 1)) << 8) | (e | kTrNsFlag);
+    }
+  }
   __device__ __forceinline__ void finish() {
+    mark_both(kTrExit);
     if (log != nullptr) log[0] = static_cast<uint64_t>(n);
   }
 #else
   __device__ __forceinline__ void init(const DecodeParams&, int, bool) {}
   __device__ __forceinline__ void mark(TraceEvent) {}
+  __device__ __forceinline__ void mark_both(TraceEvent) {}
   __device__ __forceinline__ void finish() {}
 #endif
 };
