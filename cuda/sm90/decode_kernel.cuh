@@ -14,7 +14,8 @@
 //                        O_w = alpha_g O_w + P V_g[:, w half]   (4 wgmma m64n256k16, P from registers)
 //   other consumer:      waits kBarPReady + stage, reads m_g, alpha_g = exp2(m_{g-1} - m_g);
 //                        O_w = alpha_g O_w + P V_g[:, w half]   (4 wgmma m64n256k16, P from smem)
-//                        waits for that P V, releases the stage, then issues S of its own tile g + 1.
+//                        issues box 0 of S of its own tile g + 1 behind it, waits for that P V
+//                        (wgmma_wait<1>), releases the stage, then issues S's other eight boxes.
 // So each consumer's wgmma stream is S_g, PV_g (own), PV_{g+1} (other's), S_{g+2}, ... and while one
 // consumer runs its softmax the tensor cores work on the other one's wgmmas. A stage goes back to the
 // producer once both consumers' P V of its tile completed (neither release waits for anything else,
