@@ -136,7 +136,7 @@ run_ncu() {
       timeout 150 ncu --clock-control none -k regex:decode_kernel -s 2 -c 1 --section SpeedOfLight \
         --section ComputeWorkloadAnalysis --section WarpStateStats --section MemoryWorkloadAnalysis \
         python3 benchmarks/profile_one.py "$cfg" > "$OUT/ncu_sol_$cfg.log" 2>&1
-      grep -E "Duration|Throughput|Pipe|Issue|Stall|Warp Cycles|L2 Hit|Busy|Eligible" "$OUT/ncu_sol_$cfg.log" | head -30
+      grep -E "Duration|Frequency|Elapsed Cycles|Throughput|Pipe|Issue|Stall|Warp Cycles|L2 Hit|Busy|Eligible" "$OUT/ncu_sol_$cfg.log" | head -34
       first=0
     fi
   done
@@ -220,7 +220,7 @@ run_ncusrc() {
     esac
     ncu -i "$OUT/prof-$i.ncu-rep" --page details --print-details all > "$OUT/details-$i.log" 2>&1 ||
       ncu -i "$OUT/prof-$i.ncu-rep" --page details > "$OUT/details-$i.log" 2>&1
-    grep -E "Duration|Throughput|Hit Rate|Warp Cycles Per Issued|Issue Slots|Stall" "$OUT/details-$i.log" | head -24
+    grep -E "Duration|Frequency|Elapsed Cycles|Throughput|Hit Rate|Warp Cycles Per Issued|Issue Slots|Stall" "$OUT/details-$i.log" | head -28
     rm -f "$OUT/prof-$i.ncu-rep"
   done
 }

@@ -21,6 +21,11 @@
 // kernel. The table then also gives the tensor rate reached (MACs per SM clock, from the MAC count
 // and the clock64 span of each warpgroup; 2048 is the dense bf16 peak).
 //
+// Hold mode (`hold` clocks > 0): each stage is released only `hold` clocks after its last box landed,
+// as the decode consumers keep a stage through S, the softmax and both P V; with two stages the
+// time per tile is then the hold plus the release-to-landed latency of a reload, which the decode
+// kernel's event trace measured at ~5000 clocks (acquire -> last box ready) for b128/4K.
+//
 // Prints, per configuration, the median time of one kernel over `reps` runs, the bytes landed in
 // shared memory per second (the L2 -> SM rate) and the same divided by `share` (what DRAM supplies
 // when the other sharers find each tile in L2). docs/performance.md (fifth session of 2026-12-03,
@@ -29,7 +34,7 @@
 // Build and run on the GPU machine (compile only here):
 //   nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a -I cuda benchmarks/tma_bandwidth.cu cuda/common/tensor_map.cu \
 //        -o /tmp/tma_bandwidth && /tmp/tma_bandwidth            # the default sweep
-//   /tmp/tma_bandwidth WS_MB STAGES SHARE [TILES_PER_CTA] [REPS] [MMA_WGS]  # one configuration
+//   /tmp/tma_bandwidth WS_MB STAGES SHARE [TILES_PER_CTA] [REPS] [MMA_WGS] [HOLD_CLOCKS]  # one configuration
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -146,7 +151,7 @@ __device__ __forceinline__ void contend(uint32_t region, int barrier_id, volatil
 template <int kStages>
 __global__ void __launch_bounds__(128 * (1 + kMaxMmaWarpgroups), 1)
     stream_tiles(const __grid_constant__ CUtensorMap map, int share, uint32_t tiles, uint32_t tiles_per_cta,
-                 const int32_t* tables, uint32_t* sink, unsigned long long* mma_stats) {
+                 const int32_t* tables, uint32_t* sink, unsigned long long* mma_stats, int hold_clocks) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   namespace ptx = jax_mla::ptx;
   extern __shared__ uint8_t smem_raw[];
@@ -187,6 +192,13 @@ __global__ void __launch_bounds__(128 * (1 + kMaxMmaWarpgroups), 1)
   // "Consumes" the oldest tile: waits for all its boxes, then releases its stage.
   auto consume = [&] {
     for (int box = 0; box < kKvBoxesQK; ++box) consumer.wait_box(next_landed, box);
+    // Hold mode: keep the landed stage for hold_clocks, as the decode consumers do (S, softmax and
+    // both P V of the tile run between its landing and its release), then release it.
+    if (hold_clocks > 0) {
+      const long long until = clock64() + hold_clocks;
+      while (clock64() < until) {
+      }
+    }
     consumer.release(next_landed);
     next_landed.advance();
   };
@@ -207,7 +219,7 @@ struct Result {
   double us, gbps_sm, gbps_unshared, macs_per_clock;
 };
 
-using Kernel = void (*)(CUtensorMap, int, uint32_t, uint32_t, const int32_t*, uint32_t*, unsigned long long*);
+using Kernel = void (*)(CUtensorMap, int, uint32_t, uint32_t, const int32_t*, uint32_t*, unsigned long long*, int);
 
 Kernel kernel_for(int stages) {
   switch (stages) {
@@ -218,7 +230,7 @@ Kernel kernel_for(int stages) {
 }
 
 Result run(void* buf, uint32_t tiles, int stages, int share, uint32_t tiles_per_cta, int reps, int ctas, int mma,
-           uint32_t* sink, unsigned long long* mma_stats) {
+           int hold, uint32_t* sink, unsigned long long* mma_stats) {
   CUtensorMap map;
   const char* err = nullptr;
   if (!jax_mla::make_tensor_map_2d(&map, buf, jax_mla::DType::kBF16, uint64_t(tiles) * kBlockN, 576, 576, kBlockN,
@@ -247,7 +259,7 @@ Result run(void* buf, uint32_t tiles, int stages, int share, uint32_t tiles_per_
   for (int r = 0; r < reps + 2; ++r) {  // 2 warm-up runs (the first also fills L2 for small sets)
     CHECK_CUDA(cudaMemset(mma_stats, 0, 2 * sizeof(unsigned long long)));
     CHECK_CUDA(cudaEventRecord(a));
-    kernel<<<ctas, 128 * (1 + mma), smem>>>(map, share, tiles, tiles_per_cta, tables, sink, mma_stats);
+    kernel<<<ctas, 128 * (1 + mma), smem>>>(map, share, tiles, tiles_per_cta, tables, sink, mma_stats, hold);
     CHECK_CUDA(cudaEventRecord(b));
     CHECK_CUDA(cudaEventSynchronize(b));
     CHECK_CUDA(cudaGetLastError());
@@ -290,7 +302,7 @@ int main(int argc, char** argv) {
 
   struct Config {
     uint64_t ws_mb;
-    int stages, share, mma;
+    int stages, share, mma, hold;
   };
   std::vector<Config> configs;
   // 132 groups x 240 tiles < the 32768 tiles of the 4 GB set: from DRAM, no group re-reads a tile
@@ -299,24 +311,28 @@ int main(int argc, char** argv) {
   int reps = 5;
   if (argc >= 4) {
     configs.push_back({std::strtoull(argv[1], nullptr, 10), std::atoi(argv[2]), std::atoi(argv[3]),
-                       argc >= 7 ? std::atoi(argv[6]) : 0});
+                       argc >= 7 ? std::atoi(argv[6]) : 0, argc >= 8 ? std::atoi(argv[7]) : 0});
     if (argc >= 5) tiles_per_cta = static_cast<uint32_t>(std::atoi(argv[4]));
     if (argc >= 6) reps = std::atoi(argv[5]);
   } else {
     for (uint64_t ws : {uint64_t(16), max_ws_mb})
       for (int share : {1, 2})
-        for (int stages : {1, 2, 3}) configs.push_back({ws, stages, share, 0});
+        for (int stages : {1, 2, 3}) configs.push_back({ws, stages, share, 0, 0});
     // The same loads against the decode kernels' S traffic (contention mode), h_q = 128's pattern.
     for (uint64_t ws : {uint64_t(16), max_ws_mb})
-      for (int mma : {1, 2}) configs.push_back({ws, 2, 2, mma});
+      for (int mma : {1, 2}) configs.push_back({ws, 2, 2, mma, 0});
+    // The decode kernel's ring timing: two stages from DRAM shared by 2 CTAs, each stage held for
+    // `hold` clocks after it landed (b128/4K's consumers hold a stage ~2650 clocks; in the kernel a
+    // tile then lands every ~3900 clocks). Per tile: the hold plus the release-to-landed latency.
+    for (int hold : {1000, 2000, 2650, 3500}) configs.push_back({max_ws_mb, 2, 2, 0, hold});
   }
   std::printf("# %d SMs, one CTA each; tiles of 64 x 576 bf16 (%d KB) as 9 TMA boxes; %u tiles per CTA\n", sms,
               kKvTileBytes / 1024, tiles_per_cta);
-  std::printf("%8s %7s %6s %4s %10s %14s %14s %10s\n", "ws_MB", "stages", "share", "mma", "us", "GB/s_into_SMs",
-              "GB/s_unshared", "MAC/clk");
+  std::printf("%8s %7s %6s %4s %6s %10s %14s %14s %10s %12s\n", "ws_MB", "stages", "share", "mma", "hold", "us",
+              "GB/s_into_SMs", "GB/s_unshared", "MAC/clk", "ns_per_tile");
   for (const Config& c : configs) {
     if (c.stages < 1 || c.stages > kMaxStages || c.share < 1 || c.ws_mb > max_ws_mb || c.mma < 0 ||
-        c.mma > kMaxMmaWarpgroups || (c.mma > 0 && c.stages > 2)) {
+        c.mma > kMaxMmaWarpgroups || (c.mma > 0 && c.stages > 2) || c.hold < 0) {
       std::fprintf(stderr, "bad configuration (stages 1..%d, share >= 1, ws <= %llu MB, mma 0..%d and only with stages <= 2)\n",
                    kMaxStages, static_cast<unsigned long long>(max_ws_mb), kMaxMmaWarpgroups);
       return 2;
@@ -324,9 +340,10 @@ int main(int argc, char** argv) {
     // A power of two of tiles that fits the working set.
     uint32_t tiles = 1;
     while (uint64_t(tiles) * 2 * kKvTileBytes <= (c.ws_mb << 20)) tiles *= 2;
-    const Result r = run(buf, tiles, c.stages, c.share, tiles_per_cta, reps, sms, c.mma, sink, mma_stats);
-    std::printf("%8llu %7d %6d %4d %10.1f %14.0f %14.0f %10.0f\n", static_cast<unsigned long long>(c.ws_mb), c.stages,
-                c.share, c.mma, r.us, r.gbps_sm, r.gbps_unshared, r.macs_per_clock);
+    const Result r = run(buf, tiles, c.stages, c.share, tiles_per_cta, reps, sms, c.mma, c.hold, sink, mma_stats);
+    std::printf("%8llu %7d %6d %4d %6d %10.1f %14.0f %14.0f %10.0f %12.0f\n", static_cast<unsigned long long>(c.ws_mb),
+                c.stages, c.share, c.mma, c.hold, r.us, r.gbps_sm, r.gbps_unshared, r.macs_per_clock,
+                r.us * 1e3 / tiles_per_cta);
   }
   CHECK_CUDA(cudaFree(buf));
   CHECK_CUDA(cudaFree(sink));
