@@ -253,19 +253,21 @@ run_xladump() {
 
 # The SM90 kernel's event log (debug build): a wheel configured with -DJAX_MLA_SM90_TRACE=ON, carried
 # in .whl-trace/ (build it on the CPU machine: docs/performance.md), installed apart, and
-# benchmarks/trace_chain.py on TRACE_CONFIG (default b128/4K): per role of each CTA, the clocks
+# benchmarks/trace_chain.py on each config of TRACE_CONFIG (comma-separated; default b128/4K): per role of each CTA, the clocks
 # between consecutive events (S issued, S done, softmax done, P V issued and done, release, acquire),
 # and per tile the clocks from load issue to last box ready. TRACE_ARGS adds arguments (e.g.
 # "--cta 7" for one CTA's events in clock order).
 run_trace() {
-  local cfg="${TRACE_CONFIG:-b128_sq1_h128_4k}"
-  echo "== SM90 event trace: $cfg"
   rm -rf /tmp/jax_mla_trace && mkdir -p /tmp/jax_mla_trace
   python3 -m pip install -q --no-deps --no-index --target /tmp/jax_mla_trace .whl-trace/jax_mla-*.whl ||
     { echo "no traced wheel in .whl-trace/"; status=1; return; }
-  PYTHONPATH=/tmp/jax_mla_trace timeout 150 python3 -P benchmarks/trace_chain.py --config "$cfg" ${TRACE_ARGS:-} 2>&1 |
-    tee "$OUT/trace-$cfg.log" | tail -40
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  local cfg
+  for cfg in $(echo "${TRACE_CONFIG:-b128_sq1_h128_4k}" | tr ',' ' '); do
+    echo "== SM90 event trace: $cfg"
+    PYTHONPATH=/tmp/jax_mla_trace timeout 150 python3 -P benchmarks/trace_chain.py --config "$cfg" ${TRACE_ARGS:-} 2>&1 |
+      tee "$OUT/trace-$cfg.log" | tail -40
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
 }
 
 # The ceiling of the KV load path without compute (benchmarks/tma_bandwidth.cu): TMA tiles into
