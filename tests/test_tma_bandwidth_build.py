@@ -4,30 +4,25 @@ copies as TMA loads (UTMALDG in its SASS). Compile only; skipped without nvcc.""
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import subprocess
 
 import pytest
+from script_loader import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cuobjdump():
-    """cuobjdump on PATH, or from the nvidia-cuda-cuobjdump wheel (as .ci/check_sass.py finds it)."""
+    """cuobjdump on PATH, else from NVIDIA's pip wheel as .ci/check_sass.py finds it; None if neither."""
     found = shutil.which("cuobjdump")
     if found:
         return found
     try:
-        import nvidia
-    except ImportError:
+        return load_script(".ci/check_sass.py").find_tool("cuobjdump")
+    except (ImportError, SystemExit):  # no nvidia wheels, or none with cuobjdump
         return None
-    for root in nvidia.__path__:
-        hits = glob.glob(os.path.join(root, "**", "bin", "cuobjdump"), recursive=True)
-        if hits:
-            return hits[0]
-    return None
 
 
 def test_tma_bandwidth_compiles_to_tma_loads(tmp_path):
