@@ -65,40 +65,38 @@ run_tests() {
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 
-# The SM clock and power while the GPU is busy: nvidia-smi every 100 ms in the background
-# (clock_probe_start), then (clock_probe_report) the median SM clock and power of the samples
-# drawing more than 300 W and the clock-event (throttle) reasons seen, so the clocks of a sustained
-# loop are measured rather than assumed (clock64 counts in the event trace are SM clocks).
+# The SM clock and power during a step: nvidia-smi every 100 ms in the background
+# (clock_probe_start), then (clock_probe_report) the median and lowest SM clock, the highest power
+# and the clock-event (throttle) reasons seen, over all samples and over those drawing more than
+# 300 W, so the clocks of a loop are measured rather than assumed (clock64 counts in the event
+# trace are SM clocks). On 2026-12-03 no sample exceeded 300 W: nvidia-smi's power reading is
+# averaged, so short bursts of work do not show as busy samples.
 clock_probe_start() {
-  (nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 100 > "$OUT/clocks-$1.log" 2>&1 &)
-  # The reasons in a second sampler (a field this driver does not know must not cost the clocks).
   (nvidia-smi --query-gpu=clocks.sm,power.draw,clocks_event_reasons.active --format=csv,noheader,nounits -lms 100 \
-     > "$OUT/clocks-$1-reasons.log" 2>&1 &)
+     > "$OUT/clocks-$1.log" 2>&1 &)
 }
 clock_probe_report() {
   pkill -f "nvidia-smi --query-gpu=clocks.sm" || true
-  python3 - "$OUT/clocks-$1.log" "$1" "$OUT/clocks-$1-reasons.log" <<'PYEOF'
+  python3 - "$OUT/clocks-$1.log" "$1" <<'PYEOF'
 import collections, sys
 rows = []
-for path in (sys.argv[3], sys.argv[1]):  # with reasons if that sampler worked
-    for line in open(path):
-        f = [x.strip() for x in line.split(",")]
-        try:
-            rows.append((int(f[0]), float(f[1]), f[2] if len(f) > 2 else "?"))
-        except (ValueError, IndexError):
-            pass
-    if rows:
-        break
-busy = sorted((r for r in rows if r[1] > 300), key=lambda r: r[0])
-if not busy:
-    print(f"# clocks ({sys.argv[2]}): no sample above 300 W among {len(rows)}")
+for line in open(sys.argv[1]):
+    f = [x.strip() for x in line.split(",")]
+    try:
+        rows.append((int(f[0]), float(f[1]), f[2] if len(f) > 2 else "?"))
+    except (ValueError, IndexError):
+        pass
+def summary(sel):
+    clk = sorted(r[0] for r in sel)
+    why = collections.Counter(r[2] for r in sel).most_common(3)
+    return (f"{len(sel)} samples: SM clock median {clk[len(clk) // 2]} MHz (min {clk[0]}), "
+            f"power max {max(r[1] for r in sel):.0f} W; clock-event reasons {why}")
+if not rows:
+    print(f"# clocks ({sys.argv[2]}): no samples (see {sys.argv[1]})")
 else:
-    clk = busy[len(busy) // 2][0]
-    pwr = sorted(r[1] for r in busy)[len(busy) // 2]
-    why = collections.Counter(r[2] for r in busy).most_common(3)
-    print(f"# clocks ({sys.argv[2]}): {len(busy)} of {len(rows)} samples above 300 W: median SM clock {clk} MHz "
-          f"(min {min(r[0] for r in busy)}), median power {pwr:.0f} W (max {max(r[1] for r in busy):.0f}); "
-          f"clock-event reasons {why}")
+    busy = [r for r in rows if r[1] > 300]
+    print(f"# clocks ({sys.argv[2]}): all {summary(rows)}")
+    print(f"# clocks ({sys.argv[2]}): above 300 W, " + (summary(busy) if busy else "no samples"))
 PYEOF
 }
 
@@ -146,7 +144,7 @@ run_ncu() {
 # the CUDA handler reads its environment once), on the configs of AB_ONLY, then one table of us per
 # call, config x variant. AB_VARIANTS: space-separated variants, each a comma-separated list of
 # VAR=value (e.g. "JAX_MLA_SM90_CLUSTER=0 JAX_MLA_SM90_CLUSTER=1 PYTHONPATH=/tmp/other_install").
-# nvidia-smi dmon logs the clocks meanwhile (dmon.log).
+# The clock probe (clock_probe_start) samples the SM clock and power meanwhile.
 # with_variant VARIANT CMD...: runs CMD with the variant's VAR=value pairs in its environment.
 with_variant() {
   local v="$1"; shift
@@ -155,7 +153,7 @@ with_variant() {
 
 run_ab() {
   echo "== A/B: ${AB_VARIANTS:-}"
-  (nvidia-smi dmon -s pc -d 2 > "$OUT/dmon.log" 2>&1 &) ; local i=0 tags=()
+  local i=0 tags=()
   clock_probe_start ab
   for v in ${AB_VARIANTS:-}; do
     i=$((i + 1)); tags+=("$v")
@@ -163,7 +161,6 @@ run_ab() {
       --repeats "${AB_REPEATS:-7}" --only "${AB_ONLY:-b128_sq1_h128_4k,b64_sq1_h16_8k}" --json "$OUT/ab-$i.json" \
       > "$OUT/ab-$i.log" 2>&1 || { echo "variant $v failed (exit $?)"; tail -5 "$OUT/ab-$i.log"; status=1; }
   done
-  pkill -f "nvidia-smi dmon" || true
   clock_probe_report ab
   python3 - "$OUT" "${tags[@]}" <<'PYEOF'
 import json, os, sys
@@ -182,21 +179,6 @@ print(f"{'config':<26}" + "".join(f" {'variant ' + str(i):>22}" for i in range(1
 for name, cols in table.items():
     print(f"{name:<26}" + "".join(f" {cols[i][0]:11.1f} (e {cols[i][1]:.0e})" if i in cols else f" {'-':>22}"
                                   for i in range(1, len(tags) + 1)))
-# Clocks and power while the variants ran (nvidia-smi dmon -s pc: power, temperatures, clocks).
-try:
-    head, vals = None, []
-    for line in open(os.path.join(out, "dmon.log")):
-        f = line.split()
-        if line.startswith("# gpu"):
-            head = f[1:]
-        elif head and f and not line.startswith("#") and len(f) == len(head):
-            vals.append(dict(zip(head, f)))
-    busy = [v for v in vals if v.get("pwr", "-").isdigit() and int(v["pwr"]) > 200]
-    if busy:
-        med = lambda k: sorted(int(v[k]) for v in busy if v.get(k, "-").isdigit())[len(busy) // 2]
-        print(f"# dmon, {len(busy)} samples above 200 W: median power {med('pwr')} W, SM clock {med('pclk')} MHz")
-except Exception as e:  # diagnostics only
-    print("# dmon summary failed:", e)
 PYEOF
 }
 
