@@ -13,12 +13,12 @@ clocks from the producer's load to the consumer's wait on the tile's last box; w
 CTA's events of all roles in clock order. A fourth role, the CTA, stamps the kernel's first
 instruction and the end of the grid-dependency (PDL) wait, and every role its exit, with the global
 timer as well as clock64: that gives the kernel's span across CTAs, the launch skew, the PDL wait
-and the SM clock (clock64 over ns), which per-SM clocks alone cannot. Traced builds are slower (a global store per event):
-compare shapes of the chain, not absolute times, with the benchmark.
+and the SM clock (clock64 over ns), which per-SM clocks alone cannot. Traced builds are slower (a
+global store per event): compare shapes of the chain, not absolute times, with the benchmark.
 
-Reading the marks after a named-barrier wait (P_ready): in the log of 2026-12-03 (fifth session,
-docs/performance.md) the medians close into one consistent cycle only if P_ready is stamped when
-the thread reaches the barrier rather than when the barrier opens; the --cta dump shows which.
+Reading the marks after a named-barrier wait: P_ready is stamped when the thread reaches the
+barrier, not when it opens (the --cta dump of 2026-12-03, sixth session, shows the non-owner's
+P_ready before the owner's softmax_done), so P_ready -> PV_other_issued includes the wait.
 """
 
 from __future__ import annotations
