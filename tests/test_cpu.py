@@ -224,6 +224,36 @@ def test_schedule_invariants_and_host_planner(seed):
         np.testing.assert_array_equal(np.asarray(op), host)
 
 
+def _schedule_summary(seq_lens, num_parts):
+    """(non-empty parts, total workspace slots, requests in the combine list) of the host plan."""
+    b = len(seq_lens)
+    s = np.asarray(_ext.plan_schedule(np.asarray(seq_lens, np.int32), num_parts))
+    info = s[:num_parts * 8].reshape(num_parts, 8)
+    used = int(sum(info[p, 0] <= info[p, 2] for p in range(num_parts)))
+    return used, int(s[num_parts * 8 + b]), int(s[num_parts * 8 + b + 1])
+
+
+def test_uniform_batch_gets_whole_request_parts():
+    """cuda/common/scheduler.h part_width: a uniform batch whose whole-request part width is at most
+    5% wider than ceil(total / num_parts) is not split at all (no partials, nothing to combine);
+    otherwise, and for any non-uniform batch, the plain width applies."""
+    # b128/4K, 66 parts: 128 requests of 64 + 5 units; W 134 -> 138 = 2 x 69 (+3%): 64 parts of 2.
+    assert _schedule_summary([4096] * 128, 66) == (64, 128, 0)
+    # The same with one request a token longer (65 blocks): not uniform, so split as before.
+    used, slots, listed = _schedule_summary([4096] * 127 + [4097], 66)
+    assert used == 66 and slots > 128 and listed > 0
+    # Empty requests cost nothing and do not break uniformity.
+    assert _schedule_summary([4096] * 64 + [0] + [4096] * 64, 66) == (64, 128, 1)
+    # b16/1K: W = 6 units against requests of 21: a whole-request width would be 3.5x wider.
+    used, slots, listed = _schedule_summary([1024] * 16, 66)
+    assert used > 16 and listed == 16
+    # The slack bound: W = 100 exactly (100 requests of 66 units over 66 parts) -> 132 = 2 x 66
+    # is 32% wider: rejected; 105 parts (W = 63 -> 66, +4.8%): accepted, one request per part.
+    used, slots, listed = _schedule_summary([61 * 64] * 100, 66)
+    assert listed > 0
+    assert _schedule_summary([61 * 64] * 100, 105) == (100, 100, 0)
+
+
 def test_schedule_invariant_check_can_fail():
     seq_lens = np.array([100, 700, 5], np.int32)
     good = np.asarray(_ext.plan_schedule(seq_lens, 4))

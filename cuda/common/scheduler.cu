@@ -9,8 +9,8 @@
 // the stores. So the CTA is sized to the batch (ScheduleShape below): up to 128 requests one warp
 // does both scans with shuffles alone; larger batches use more warps, each thread owning a
 // contiguous chunk of requests whose seq_lens it loads all at once (unrolled, so the loads are in
-// flight together rather than one latency each). Three barriers in the largest shape, one in the
-// smallest (the old kernel had seven).
+// flight together rather than one latency each). Four barriers in the largest shape (two scans,
+// the cost range for part_width, the plan), one in the smallest (the old kernel had seven).
 #include <cstdint>
 #include <cuda_runtime.h>
 
@@ -90,6 +90,31 @@ __device__ T scan_exclusive(T local, T* warp_totals, T* total) {
   }
 }
 
+// Smallest and largest of one value pair per thread over the kScanWarps scanning warps (the
+// non-empty requests' costs, for part_width); same calling rules as scan_exclusive.
+template <class Shape>
+__device__ int2 reduce_cost_range(int2 local, int2* warp_ranges) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    local.x = min(local.x, __shfl_xor_sync(0xffffffff, local.x, d));
+    local.y = max(local.y, __shfl_xor_sync(0xffffffff, local.y, d));
+  }
+  if constexpr (Shape::kScanWarps == 1) {
+    return local;
+  } else {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (warp < Shape::kScanWarps && lane == 0) warp_ranges[warp] = local;
+    __syncthreads();
+    int2 r = lane < Shape::kScanWarps ? warp_ranges[lane] : make_int2(INT32_MAX, 0);
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+      r.x = min(r.x, __shfl_xor_sync(0xffffffff, r.x, d));
+      r.y = max(r.y, __shfl_xor_sync(0xffffffff, r.y, d));
+    }
+    return r;
+  }
+}
+
 template <class Shape>
 __global__ void __launch_bounds__(Shape::kThreads)
     schedule_kernel(const int32_t* __restrict__ seq_lens, int batch, int num_parts, int32_t* __restrict__ schedule) {
@@ -98,6 +123,8 @@ __global__ void __launch_bounds__(Shape::kThreads)
   int32_t* split_offsets = reinterpret_cast<int32_t*>(C + batch + 1);  // (batch + 1)
   __shared__ int64_t cost_totals[Shape::kScanWarps];
   __shared__ uint64_t count_totals[Shape::kScanWarps];
+  __shared__ int2 cost_ranges[Shape::kScanWarps];
+  __shared__ int64_t width_shared;  // the part width W
   __shared__ int32_t num_listed_shared;
   constexpr int kChunk = Shape::kChunk;
   constexpr int kScanThreads = Shape::kScanWarps * 32;
@@ -118,11 +145,16 @@ __global__ void __launch_bounds__(Shape::kThreads)
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) cost[k] = k < count ? request_cost(seq_lens[lo + k]) : 0;
     int64_t local_cost = 0;
+    int2 local_range = make_int2(INT32_MAX, 0);  // (min, max) cost of this thread's non-empty requests
 #pragma unroll
-    for (int k = 0; k < kChunk; ++k) local_cost += cost[k];
+    for (int k = 0; k < kChunk; ++k) {
+      local_cost += cost[k];
+      if (cost[k] > 0) local_range = make_int2(min(local_range.x, cost[k]), max(local_range.y, cost[k]));
+    }
     int64_t total_cost = 0;
     int64_t c = scan_exclusive<Shape>(local_cost, cost_totals, &total_cost);
-    const int64_t w = units_per_part(total_cost, num_parts);
+    const int2 range = reduce_cost_range<Shape>(local_range, cost_ranges);
+    const int64_t w = part_width(total_cost, num_parts, range.x, range.y);
 
     // C of the chunk (for the parts' binary searches), and each request's split count from the two
     // prefix values this thread already holds.
@@ -156,6 +188,7 @@ __global__ void __launch_bounds__(Shape::kThreads)
     }
     if (threadIdx.x == 0) {
       C[batch] = total_cost;
+      width_shared = w;
       split_offsets[batch] = splits_of(total_counts);
       num_listed_shared = num_many + few_of(total_counts);
       combine[kCombineCount] = num_many + few_of(total_counts);
@@ -164,7 +197,7 @@ __global__ void __launch_bounds__(Shape::kThreads)
   }
   __syncthreads();  // C, split_offsets and the totals are complete
 
-  const int64_t w = units_per_part(C[batch], num_parts);
+  const int64_t w = width_shared;
   for (int part = threadIdx.x; part < num_parts; part += Shape::kThreads) {
     int32_t info[kPartFields];
     plan_part(C, batch, w, part, info);
