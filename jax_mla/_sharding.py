@@ -192,5 +192,9 @@ def sharded_call(p: Plan, body, q, kv_cache, block_table, seq_lens, schedule):
 
     out_specs = (P(B, None, H, None), P(B, None, H))
     # Manual over the mesh's Explicit axes only: Auto axes (a mixed mesh) stay with XLA.
-    return jax.shard_map(per_shard, mesh=p.mesh, in_specs=tuple(in_specs), out_specs=out_specs,
-                         axis_names=set(p.mesh.explicit_axes))(*args)
+    # Under jit even when called eagerly: an eager shard_map runs each primitive as its own
+    # manual computation, so the (0,) schedule made in body becomes a zero-size operand of one,
+    # which segfaults jaxlib 0.11.2's Shardy canonicalizer (ManualComputationUnusedInputsPattern;
+    # 0.10.2 and 0.12.0.1 are fine). Under jit it stays a constant inside the computation.
+    return jax.jit(jax.shard_map(per_shard, mesh=p.mesh, in_specs=tuple(in_specs),
+                                 out_specs=out_specs, axis_names=set(p.mesh.explicit_axes)))(*args)
