@@ -201,14 +201,15 @@ SCHEDULE_BATCHES = (1, 2, 31, 32, 33, 127, 128, 129, 255, 1000, 1024, 1025, 4097
 @pytest.mark.parametrize("b", SCHEDULE_BATCHES)
 def test_device_schedule_equals_host_plan(b):
     """The device scheduler writes exactly the host plan (parts, split offsets, combine list) for
-    random, all-empty, half-empty, uniform and one-long batches."""
+    random, all-empty, half-empty, uniform (with and without empty requests) and one-long batches."""
     rng = np.random.default_rng(9400 + b)
     kinds = np.array([0, 1, 63, 64, 65, 300, 1000, 4096, 30000, 131072])
     batches = {
         "random": np.where(rng.random(b) < 0.5, rng.choice(kinds, b), rng.integers(0, 20000, b)),
         "all_empty": np.zeros(b),
         "half_empty": np.where(rng.random(b) < 0.5, 0, rng.integers(1, 9000, b)),
-        "uniform": np.full(b, 4096),
+        "uniform": np.full(b, 4096),  # whole-request parts (scheduler.h part_width) where they fit
+        "uniform_with_empty": np.where(np.arange(b) % 7 == 3, 0, 1000),
         "one_long": np.concatenate([[131072], rng.choice([0, 64], b - 1)]),
     }
     for name, lens in batches.items():
