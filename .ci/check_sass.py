@@ -6,8 +6,8 @@ was written for, so no path can silently fall back to something slower:
   - the portable kernel (sm_80, which runs on every 8.x GPU, sm_90 and sm_120): HMMA (mma.sync),
     LDSM (ldmatrix) and LDGSTS (cp.async), and no local-memory spills (LDL/STL); its compute_80 PTX
     (for GPUs without a cubin) must be embedded too.
-Both instantiations (bf16, fp16) of each kernel must be there. Uses cuobjdump and nvdisasm from
-NVIDIA's pip wheels.
+Every instantiation must be there: bf16 and fp16 of each kernel, and for SM90 both shapes (wide and
+narrow, cuda/sm90/config.h). Uses cuobjdump and nvdisasm from NVIDIA's pip wheels.
 
   python3 -P .ci/check_sass.py      (inside an environment where jax_mla is installed)
 """
@@ -50,14 +50,15 @@ def kernels(sass: str) -> dict[str, str]:
 _SM100 = {"UTC*MMA": r"\bUTC\w*MMA\b", "LDTM": r"\bLDTM\b", "UTMALDG": r"\bUTMALDG\b"}
 _PORTABLE = {"HMMA": r"\bHMMA\b", "LDSM": r"\bLDSM\b", "LDGSTS": r"\bLDGSTS\b"}
 _SPILLS = {"LDL": r"\bLDL\b", "STL": r"\bSTL\b"}
-# (architecture, kernel namespace, required instruction patterns, forbidden ones, required in the build?)
+# (architecture, kernel namespace, decode kernels expected, required instruction patterns, forbidden ones,
+#  required in the build?)
 CHECKS = (
-    ("sm_90a", "sm90", {"HGMMA": r"\bHGMMA\b", "UTMALDG": r"\bUTMALDG\b"}, {}, True),
-    ("sm_100a", "sm100", _SM100, {}, True),
-    ("sm_103a", "sm100", _SM100, {}, False),
-    ("sm_80", "portable", _PORTABLE, _SPILLS, True),
-    ("sm_90", "portable", _PORTABLE, _SPILLS, True),
-    ("sm_120", "portable", _PORTABLE, _SPILLS, True),
+    ("sm_90a", "sm90", 4, {"HGMMA": r"\bHGMMA\b", "UTMALDG": r"\bUTMALDG\b"}, {}, True),
+    ("sm_100a", "sm100", 2, _SM100, {}, True),
+    ("sm_103a", "sm100", 2, _SM100, {}, False),
+    ("sm_80", "portable", 2, _PORTABLE, _SPILLS, True),
+    ("sm_90", "portable", 2, _PORTABLE, _SPILLS, True),
+    ("sm_120", "portable", 2, _PORTABLE, _SPILLS, True),
 )
 
 
@@ -76,7 +77,7 @@ def main() -> int:
     os.environ["PATH"] = os.path.dirname(find_tool("nvdisasm")) + os.pathsep + os.environ.get("PATH", "")
     failures = []
     present = archs_in(tool, so)
-    for arch, namespace, required, forbidden, mandatory in CHECKS:
+    for arch, namespace, expected, required, forbidden, mandatory in CHECKS:
         if arch not in present:
             if mandatory:
                 failures.append(f"{arch}: no machine code for it in {os.path.basename(so)}")
@@ -91,8 +92,8 @@ def main() -> int:
         print(f"{arch}: {len(funcs)} kernels in {os.path.basename(so)}")
         tag = f"{len(namespace)}{namespace}"  # the Itanium-mangled namespace, e.g. 8portable
         matching = {n: t for n, t in funcs.items() if "decode_kernel" in n and tag in n}
-        if len(matching) != 2:  # bf16 and fp16
-            failures.append(f"{arch}: expected the bf16 and fp16 {namespace} decode kernels, found {sorted(matching)}")
+        if len(matching) != expected:  # bf16 and fp16 (x the SM90 shapes)
+            failures.append(f"{arch}: expected {expected} {namespace} decode kernels, found {sorted(matching)}")
         for n, text in matching.items():
             counts = {i: len(re.findall(pattern, text)) for i, pattern in {**required, **forbidden}.items()}
             print(f"  {n[:70]}: " + ", ".join(f"{i} x{c}" for i, c in counts.items()))

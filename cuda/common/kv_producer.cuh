@@ -15,6 +15,17 @@
 //             the stage have completed; then advance its own copy of the state.
 // Every box has its own full barrier so that QK^T can start on box 0 while later boxes are in flight.
 //
+// Two rings share the tile lookup and the box copies:
+//   stage ring (DecodeKVProducer, KVPipelineBarriers, KVConsumer): kNumStages stages of 9 boxes, a
+//     stage goes back to the producer as a whole (one empty barrier per stage). SM100 (one
+//     tcgen05.commit frees a stage) and benchmarks/tma_bandwidth.cu.
+//   box ring (BoxRingProducer, BoxRingBarriers, BoxRingConsumer): kNumSlots slots of one box each;
+//     tile g's box b sits in slot (9 g + b) mod kNumSlots, and each slot goes back as soon as the
+//     last reader of that box is done with it (one empty barrier per slot), so the next tiles'
+//     boxes start loading box by box as the consumers free them. With kNumSlots = 18 it holds two
+//     whole tiles, as the stage ring with two stages; a ring of any size >= 9 works, which lets a
+//     kernel with a small Q (SM90 with <= 16 query rows) keep almost three tiles of KV in flight.
+//
 // Clusters: the CTAs of a cluster that walk the same tile sequence (e.g. the row blocks of one
 // split-KV part) share every tile: CTA rank k loads the boxes b with b % cluster_size == k by TMA
 // multicast into all of them, so each tile crosses L2 -> SM once per cluster instead of once per CTA.
@@ -87,6 +98,84 @@ struct PagedKV {
   int oob_row;         // a row past the end of the cache: TMA fills it with zeros
 };
 
+// Where the 64 tokens starting at `first_token` come from: one cache row per TMA copy (a copy is
+// min(page_size, 64) tokens of one page). Tokens past seq_len in a page the request does not own
+// are read from a row past the end of the cache, which TMA fills with zeros; tokens past seq_len
+// inside its last page are loaded as they are (the consumer masks their scores and zeroes their V
+// rows, so whatever they hold cannot reach the output). Reads the block table only, so the
+// producer calls it before waiting for a free stage and the table's latency overlaps the wait.
+// `ok` is false when the table points outside the cache or is too short for seq_len.
+struct TileSource {
+  int rows[kBlockN / kMinGpuPageSize];
+  int copies;    // 1, 2 or 4
+  int box_rows;  // tokens per copy
+  bool ok;
+};
+
+__device__ __forceinline__ TileSource locate_tile(const PagedKV& kv, int first_token) {
+  TileSource t;
+  t.box_rows = kv.page_size < kBlockN ? kv.page_size : kBlockN;
+  t.copies = kBlockN / t.box_rows;
+  t.ok = true;
+#pragma unroll
+  for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
+    t.rows[k] = kv.oob_row;
+    const int token = first_token + k * t.box_rows;
+    if (k < t.copies && token < kv.seq_len) {
+      const int page_index = token >> kv.log2_page_size;
+      if (page_index >= kv.max_pages) {
+        t.ok = false;
+      } else {
+        const int page = kv.page_table[page_index];
+        if (page < 0 || page >= kv.num_pages) {
+          t.ok = false;
+        } else {
+          t.rows[k] = page * kv.page_size + (token & (kv.page_size - 1));
+        }
+      }
+    }
+  }
+  return t;
+}
+
+// The TMA copies of box `box` (columns 64 box .. 64 box + 63) of a located tile into box_dst, (BLK_N, 64),
+// completing on `bar` (whose expected bytes the caller armed). Alone (cluster_size 1): one copy per
+// page chunk, with the L2 hint if any. In a cluster sharing tiles: CTA rank box % cluster_size
+// multicasts the box into every CTA of the cluster (the others issue nothing for it).
+template <typename Element>
+__device__ __forceinline__ void copy_box(Element* box_dst, const PagedKV& kv, uint64_t* bar, int box,
+                                         const TileSource& t, int cta_rank, int cluster_size, KvL2Hint l2_hint,
+                                         uint64_t l2_policy) {
+  if (cluster_size == 1) {
+#pragma unroll
+    for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
+      if (k < t.copies) {
+        Element* dst = box_dst + k * t.box_rows * kKvBoxCols;
+        if (l2_hint == KvL2Hint::kNone) {
+          ptx::tma_load_2d(dst, kv.map, bar, box * kKvBoxCols, t.rows[k]);
+        } else {
+          ptx::tma_load_2d_hint(dst, kv.map, bar, box * kKvBoxCols, t.rows[k], l2_policy);
+        }
+      }
+    }
+  } else if (box % cluster_size == cta_rank) {
+    const uint16_t all = static_cast<uint16_t>((1u << cluster_size) - 1);
+#pragma unroll
+    for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
+      if (k < t.copies) {
+        ptx::tma_load_2d_multicast(box_dst + k * t.box_rows * kKvBoxCols, kv.map, bar, box * kKvBoxCols, t.rows[k],
+                                   all);
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ uint64_t l2_policy_for(KvL2Hint hint) {
+  if (hint == KvL2Hint::kEvictFirst) return ptx::l2_policy_evict_first();
+  if (hint == KvL2Hint::kEvictLast) return ptx::l2_policy_evict_last();
+  return 0;
+}
+
 template <typename Element, int kNumStages>
 struct DecodeKVProducer {
   KVPipelineBarriers<kNumStages>* bars;
@@ -101,8 +190,7 @@ struct DecodeKVProducer {
 
   __device__ __forceinline__ void set_l2_hint(KvL2Hint hint) {
     l2_hint = hint;
-    if (hint == KvL2Hint::kEvictFirst) l2_policy = ptx::l2_policy_evict_first();
-    if (hint == KvL2Hint::kEvictLast) l2_policy = ptx::l2_policy_evict_last();
+    l2_policy = l2_policy_for(hint);
   }
 
   __device__ __forceinline__ Element* stage_ptr(int stage) const {
@@ -113,44 +201,8 @@ struct DecodeKVProducer {
 
   __device__ __forceinline__ void commit_step() { state.advance(); }
 
-  // Where the 64 tokens starting at `first_token` come from: one cache row per TMA copy (a copy is
-  // min(page_size, 64) tokens of one page). Tokens past seq_len in a page the request does not own
-  // are read from a row past the end of the cache, which TMA fills with zeros; tokens past seq_len
-  // inside its last page are loaded as they are (the consumer masks their scores and zeroes their V
-  // rows, so whatever they hold cannot reach the output). Reads the block table only, so the
-  // producer calls it before waiting for a free stage and the table's latency overlaps the wait.
-  // `ok` is false when the table points outside the cache or is too short for seq_len.
-  struct TileSource {
-    int rows[kBlockN / kMinGpuPageSize];
-    int copies;    // 1, 2 or 4
-    int box_rows;  // tokens per copy
-    bool ok;
-  };
-
   __device__ __forceinline__ TileSource locate_tile(const PagedKV& kv, int first_token) const {
-    TileSource t;
-    t.box_rows = kv.page_size < kBlockN ? kv.page_size : kBlockN;
-    t.copies = kBlockN / t.box_rows;
-    t.ok = true;
-#pragma unroll
-    for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
-      t.rows[k] = kv.oob_row;
-      const int token = first_token + k * t.box_rows;
-      if (k < t.copies && token < kv.seq_len) {
-        const int page_index = token >> kv.log2_page_size;
-        if (page_index >= kv.max_pages) {
-          t.ok = false;
-        } else {
-          const int page = kv.page_table[page_index];
-          if (page < 0 || page >= kv.num_pages) {
-            t.ok = false;
-          } else {
-            t.rows[k] = page * kv.page_size + (token & (kv.page_size - 1));
-          }
-        }
-      }
-    }
-    return t;
+    return jax_mla::locate_tile(kv, first_token);
   }
 
   // Issues the TMA copies of a located tile into the current stage (after acquire()).
@@ -160,30 +212,12 @@ struct DecodeKVProducer {
     for (int box = 0; box < kKvBoxesQK; ++box) {
       uint64_t* bar = &bars->full[state.stage][box];
       ptx::mbarrier_arrive_expect_tx(bar, kKvBoxBytes);  // all boxes land here, whoever loads them
-      if (cluster_size == 1) {
-#pragma unroll
-        for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
-          if (k < t.copies) {
-            Element* box_dst = dst + box * kKvBoxElems + k * t.box_rows * kKvBoxCols;
-            if (l2_hint == KvL2Hint::kNone) {
-              ptx::tma_load_2d(box_dst, kv.map, bar, box * kKvBoxCols, t.rows[k]);
-            } else {
-              ptx::tma_load_2d_hint(box_dst, kv.map, bar, box * kKvBoxCols, t.rows[k], l2_policy);
-            }
-          }
-        }
-      } else if (box % cluster_size == cta_rank) {
-        const uint16_t all = static_cast<uint16_t>((1u << cluster_size) - 1);
-#pragma unroll
-        for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
-          if (k < t.copies) {
-            ptx::tma_load_2d_multicast(dst + box * kKvBoxElems + k * t.box_rows * kKvBoxCols, kv.map, bar,
-                                       box * kKvBoxCols, t.rows[k], all);
-          }
-        }
-      }
+      copy_box(dst + box * kKvBoxElems, kv, bar, box, t, cta_rank, cluster_size, l2_hint, l2_policy);
     }
   }
+
+  // The slot of the tile being produced, for the producer's hooks.
+  __device__ __forceinline__ int tile_stage() const { return state.stage; }
 };
 
 // The default of an optional hook: does nothing (inlined away).
@@ -191,21 +225,27 @@ struct NoHook {
   __device__ __forceinline__ void operator()() const {}
 };
 
-// The producer thread's whole job, shared by the SM90 and SM100 kernels: walk the pieces of one
-// split-KV part (scheduler.h) and, per piece, load Q of this CTA's 64-row block once the consumers
-// released the previous piece's Q (q_empty, parity of the piece count), then the piece's KV tiles
-// into the ring. Hooks keep each kernel's own bookkeeping (bad block-table entries, the trace):
+// The producer thread's whole job, shared by the SM90 and SM100 kernels and by both rings: walk the
+// pieces of one split-KV part (scheduler.h) and, per piece, load Q of this CTA's row block once the
+// consumers released the previous piece's Q (q_empty, parity of the piece count), then the piece's
+// KV tiles into the ring. kQRows: the Q rows kept in shared memory per row block (the tensor map's
+// box rows; 64, or 16 for SM90's narrow shape), stored as 9 boxes of (kQRows, 64). Hooks keep each
+// kernel's own bookkeeping (bad block-table entries, the trace):
 //   on_piece(parity)   after the previous piece's Q was released, before this piece's Q load;
-//   on_tile(parity, stage, ok)  after acquire(), before the tile's arrivals, so a consumer that has
-//                      waited for the tile also sees what the hook wrote;
+//   on_tile(parity, stage, ok)  after acquire() (the stage, or the slot of box 0, is free), before
+//                      the tile's arrivals, so a consumer that has waited for the tile also sees what
+//                      the hook wrote;
 //   on_loaded()        after the tile's copies were issued (optional; the SM90 event trace).
-template <typename Element, int kNumStages, typename OnPiece, typename OnTile, typename OnLoaded = NoHook>
-__device__ __forceinline__ void produce_part(DecodeKVProducer<Element, kNumStages>& producer, const DecodeParams& p,
-                                             const CUtensorMap* q_map, const CUtensorMap* kv_map,
-                                             const int32_t* part_info, const int32_t* split_offsets, int m_block,
-                                             Element* q_smem,  // (9 boxes, BLK_M, 64)
+template <int kQRows = kBlockM, typename Producer, typename Element, typename OnPiece, typename OnTile,
+          typename OnLoaded = NoHook>
+__device__ __forceinline__ void produce_part(Producer& producer, const DecodeParams& p, const CUtensorMap* q_map,
+                                             const CUtensorMap* kv_map, const int32_t* part_info,
+                                             const int32_t* split_offsets, int m_block,
+                                             Element* q_smem,  // (9 boxes, kQRows, 64)
                                              uint64_t* q_full, uint64_t* q_empty, OnPiece on_piece, OnTile on_tile,
                                              OnLoaded on_loaded = {}) {
+  static_assert(kQRows % 8 == 0 && kQRows <= kBlockM, "Q boxes are whole 8-row swizzle atoms of one row block");
+  constexpr int kQBoxElems = kQRows * kKvBoxCols;
   const int log2_page = 31 - __clz(p.page_size);
   producer.set_l2_hint(p.kv_l2_hint);
   int piece_count = 0;
@@ -216,11 +256,11 @@ __device__ __forceinline__ void produce_part(DecodeKVProducer<Element, kNumStage
 
     ptx::mbarrier_wait(q_empty, parity ^ 1);
     on_piece(parity);
-    ptx::mbarrier_arrive_expect_tx(q_full, kKvTileBytes);
+    ptx::mbarrier_arrive_expect_tx(q_full, kKvBoxesQK * kQBoxElems * 2);
     const int q_row = r * p.rows + m_block * kBlockM;
 #pragma unroll 1
     for (int box = 0; box < kKvBoxesQK; ++box) {
-      ptx::tma_load_2d(q_smem + box * kKvBoxElems, q_map, q_full, box * kKvBoxCols, q_row);
+      ptx::tma_load_2d(q_smem + box * kQBoxElems, q_map, q_full, box * kKvBoxCols, q_row);
     }
 
     const PagedKV kv{kv_map,
@@ -235,7 +275,7 @@ __device__ __forceinline__ void produce_part(DecodeKVProducer<Element, kNumStage
     for (int blk = w.begin_block; blk < w.end_block; ++blk) {
       const auto source = producer.locate_tile(kv, blk * kBlockN);  // block-table reads overlap the wait
       producer.acquire();
-      on_tile(parity, producer.state.stage, source.ok);
+      on_tile(parity, producer.tile_stage(), source.ok);
       producer.load_tile(kv, source);
       on_loaded();
       producer.commit_step();
@@ -260,6 +300,121 @@ struct KVConsumer {
       ptx::mbarrier_arrive(&bars->empty[stage]);
     } else {
       for (int r = 0; r < cluster_size; ++r) ptx::mbarrier_arrive_cluster(&bars->empty[stage], r);
+    }
+  }
+};
+
+
+// ---------------------------------------------------------------------------------------------
+// The box ring (see the top of this file).
+
+// The barriers of a box ring; lives in shared memory.
+template <int kNumSlots>
+struct BoxRingBarriers {
+  uint64_t full[kNumSlots];   // producer -> consumers: completed by the TMA bytes of the box in the slot
+  uint64_t empty[kNumSlots];  // consumers -> producer: one arrival per CTA of the cluster (the box's last reader)
+
+  // Called by one thread before any use; the caller fences and syncs (the whole cluster) afterwards.
+  __device__ __forceinline__ void init(int cluster_size = 1) {
+    for (int s = 0; s < kNumSlots; ++s) {
+      ptx::mbarrier_init(&full[s], 1);
+      ptx::mbarrier_init(&empty[s], cluster_size);
+    }
+  }
+};
+
+// Where one tile's 9 boxes sit in a box ring: box b in slot first + b, wrapping once past the end
+// (the slots after the wrap are on their next fill, so their phase is the other one). Every thread
+// of the CTA walks the same tile sequence, so every copy of this position agrees.
+template <int kNumSlots>
+struct TileSlots {
+  static_assert(kNumSlots >= kKvBoxesQK, "a tile must fit in the ring");
+  int first = 0;       // slot of box 0
+  uint32_t phase = 0;  // parity of slot `first`'s current fill
+  __device__ __forceinline__ int slot(int box) const {
+    const int s = first + box;
+    return s >= kNumSlots ? s - kNumSlots : s;
+  }
+  __device__ __forceinline__ uint32_t phase_of(int box) const {
+    return first + box >= kNumSlots ? phase ^ 1u : phase;
+  }
+  __device__ __forceinline__ void advance() {
+    first += kKvBoxesQK;
+    if (first >= kNumSlots) {
+      first -= kNumSlots;
+      phase ^= 1u;
+    }
+  }
+  __device__ __forceinline__ TileSlots next() const {
+    TileSlots t = *this;
+    t.advance();
+    return t;
+  }
+};
+
+// Producer side of a box ring: the same tile lookup and box copies as DecodeKVProducer, but each
+// box waits only for its own slot, so the first boxes of a tile load while later slots are still
+// being read.
+template <typename Element, int kNumSlots>
+struct BoxRingProducer {
+  BoxRingBarriers<kNumSlots>* bars;
+  Element* smem;  // (slot, BLK_N, 64)
+  TileSlots<kNumSlots> tile;
+  int cta_rank = 0;      // this CTA's rank in the cluster sharing the tiles
+  int cluster_size = 1;  // CTAs sharing every tile (1, 2, ...)
+  KvL2Hint l2_hint = KvL2Hint::kNone;
+  uint64_t l2_policy = 0;
+
+  __device__ __forceinline__ void set_l2_hint(KvL2Hint hint) {
+    l2_hint = hint;
+    l2_policy = l2_policy_for(hint);
+  }
+  __device__ __forceinline__ TileSource locate_tile(const PagedKV& kv, int first_token) const {
+    return jax_mla::locate_tile(kv, first_token);
+  }
+  // Waits until box `box` of the current tile may be overwritten (the producer starts at phase 1,
+  // so the first pass over the ring does not wait).
+  __device__ __forceinline__ void acquire_box(int box) const {
+    ptx::mbarrier_wait(&bars->empty[tile.slot(box)], tile.phase_of(box) ^ 1u);
+  }
+  // The slot of box 0 is free (produce_part's hook runs after this, before any arrival of the tile).
+  __device__ __forceinline__ void acquire() const { acquire_box(0); }
+  // Issues the tile's copies box by box, each once its slot is free (box 0's slot: acquire()).
+  __device__ __forceinline__ void load_tile(const PagedKV& kv, const TileSource& t) {
+#pragma unroll 1
+    for (int box = 0; box < kKvBoxesQK; ++box) {
+      if (box > 0) acquire_box(box);
+      const int slot = tile.slot(box);
+      uint64_t* bar = &bars->full[slot];
+      ptx::mbarrier_arrive_expect_tx(bar, kKvBoxBytes);
+      copy_box(smem + static_cast<size_t>(slot) * kKvBoxElems, kv, bar, box, t, cta_rank, cluster_size, l2_hint,
+               l2_policy);
+    }
+  }
+  __device__ __forceinline__ void commit_step() { tile.advance(); }
+  __device__ __forceinline__ int tile_stage() const { return tile.first; }
+};
+
+// Consumer side of a box ring.
+template <int kNumSlots>
+struct BoxRingConsumer {
+  BoxRingBarriers<kNumSlots>* bars;
+  int cluster_size = 1;  // as the producer's: releases go to every CTA sharing the tiles
+
+  __device__ __forceinline__ void wait_box(const TileSlots<kNumSlots>& t, int box) const {
+    ptx::mbarrier_wait(&bars->full[t.slot(box)], t.phase_of(box));
+  }
+  // Hands boxes [b0, b0 + n) of tile t back to the producer: one elected thread of the boxes' last
+  // reader, after its MMAs reading them completed.
+  __device__ __forceinline__ void release_boxes(const TileSlots<kNumSlots>& t, int b0, int n) const {
+#pragma unroll 1
+    for (int b = b0; b < b0 + n; ++b) {
+      uint64_t* bar = &bars->empty[t.slot(b)];
+      if (cluster_size == 1) {
+        ptx::mbarrier_arrive(bar);
+      } else {
+        for (int r = 0; r < cluster_size; ++r) ptx::mbarrier_arrive_cluster(bar, r);
+      }
     }
   }
 };

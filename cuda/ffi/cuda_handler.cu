@@ -112,6 +112,7 @@ struct ProcessEnv {
   // Launch-time experiments, measured in docs/performance.md (defaults: what measured fastest).
   KvL2Hint kv_l2_hint = KvL2Hint::kNone;  // JAX_MLA_KV_L2_HINT: none (default) | evict_first | evict_last
   bool row_blocks_adjacent = true;  // JAX_MLA_SM90_GRID: row_blocks_adjacent (default) | parts_major
+  bool sm90_narrow = true;          // JAX_MLA_SM90_NARROW: 1 (default) | 0 (<= 16 rows on the wide shape)
 };
 
 const ProcessEnv& process_env() {
@@ -122,7 +123,8 @@ const ProcessEnv& process_env() {
     e.kernel = k ? k : "";
     e.self_check = c ? c : "";
     e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
-    // Tuning switches (not semantics): JAX_MLA_SM90_CLUSTER, JAX_MLA_KV_L2_HINT, JAX_MLA_SM90_GRID.
+    // Tuning switches (not semantics): JAX_MLA_SM90_CLUSTER, JAX_MLA_KV_L2_HINT, JAX_MLA_SM90_GRID,
+    // JAX_MLA_SM90_NARROW.
     const int cluster = env_choice("JAX_MLA_SM90_CLUSTER", {"0", "1", "placement"}, -1);
     if (cluster >= 0) e.sm90_cluster = cluster == 0 ? 0 : 1;
     e.sm90_cluster_placement = cluster == 2;
@@ -131,6 +133,7 @@ const ProcessEnv& process_env() {
     e.kv_l2_hint = static_cast<KvL2Hint>(hint);  // names in KvL2Hint's order
     e.row_blocks_adjacent = env_choice("JAX_MLA_SM90_GRID", {"parts_major", "row_blocks_adjacent"},
                                        e.row_blocks_adjacent ? 1 : 0) == 1;
+    e.sm90_narrow = env_choice("JAX_MLA_SM90_NARROW", {"0", "1"}, e.sm90_narrow ? 1 : 0) == 1;
     return e;
   }();
   return env;
@@ -286,6 +289,7 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   p.kv_l2_hint = process_env().kv_l2_hint;
   p.row_blocks_adjacent = process_env().row_blocks_adjacent && p.cluster_row_blocks == 1;
   p.cluster_shares_tiles = !process_env().sm90_cluster_placement;
+  p.sm90_narrow = process_env().sm90_narrow;
 #if JAX_MLA_TRACE_BUFFER
   if (device == 0) {
     p.trace = g_trace;

@@ -8,10 +8,21 @@
 //                from smem) and softmax, keeps P in registers for its own P V and writes it into the
 //                tile's dead RoPE box for the other consumer. P V is split by V columns: consumer c
 //                accumulates O[:, 256c : 256c + 256] (128 fp32 registers per thread) over every tile,
-//                from registers for its own tiles and from smem for the other's. With Q (72 KB)
-//                resident, two 72 KB stages fit; tile g lives in stage g % 2, so a stage's owner is
-//                fixed. While one consumer runs its softmax, the other's wgmmas keep the tensor
-//                cores busy.
+//                from registers for its own tiles and from smem for the other's. While one consumer
+//                runs its softmax, the other's wgmmas keep the tensor cores busy.
+//
+// KV lives in a ring of one-box slots (kv_producer.cuh, box ring): each box goes back to the
+// producer once its last reader is done (V columns 0-255: consumer 0's P V; 256-511: consumer 1's;
+// the RoPE box, which holds P: the non-owner's P V), and the producer refills slot by slot.
+//
+// Two shapes (KernelShape below), chosen per call by the number of query rows (launch.cuh):
+//   wide:   Q of a whole 64-row block (72 KB) + 18 slots, i.e. two whole tiles, as the two stages
+//           of the kernel before the box ring;
+//   narrow: rows <= 16 (e.g. h_q = 16, s_q = 1: DeepSeek-V3 at TP 8). Q keeps its 16 rows only
+//           (18 KB), which leaves room for 25 slots: almost three tiles, so about two tiles of KV
+//           can be in flight while the consumers compute, where the wide ring has one. The wgmma
+//           still computes 64 rows: the descriptors of Q's (16, 64) boxes run on into the next
+//           boxes for rows 16-63, whose scores are masked off (they never reach the output).
 #pragma once
 
 #include <cstdint>
@@ -21,41 +32,60 @@
 
 namespace jax_mla::sm90 {
 
-inline constexpr int kNumKvStages = 2;        // 2 x 72 KB + Q 72 KB: what fits in 227 KB
 inline constexpr int kNumConsumers = 2;       // consumer warpgroups
 inline constexpr int kThreads = 128 * (1 + kNumConsumers);
 inline constexpr int kConsumerThreads = 128 * kNumConsumers;
 inline constexpr int kColsPerConsumer = kHeadDimV / kNumConsumers;  // 256 columns of O each
+inline constexpr int kVBoxesPerConsumer = kKvBoxesV / kNumConsumers;  // 4 boxes of 64 columns
 inline constexpr int kProducerRegs = 40;
 inline constexpr int kConsumerRegs = 232;
 static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register file");
 static_assert(kBlockM == 64 && kBlockN == 64, "the wgmma tiling below assumes 64 x 64 score tiles");
-static_assert(kNumKvStages >= 2, "one stage computes while the next one loads");
+static_assert(kNumConsumers == 2, "the seesaw alternates tile ownership between two consumers");
 
-static_assert(kNumKvStages == kNumConsumers, "the seesaw ties stage s to its owner, consumer s");
+inline constexpr int kSmemOptInLimit = 232448;  // 227 KB per block on SM90
 
 // Named barriers (id 0 is __syncthreads).
 enum ConsumerBarrier : int {
-  kBarPReady = 1,   // + stage: the owner's P and running max of the tile in that stage are in smem
+  kBarPReady = 1,   // + owner: the owner's P and running max of its latest tile are in smem
                     // (owner: bar.arrive, the other consumer: bar.sync; 256 threads)
   kBarRowSum = 3,   // softmax denominators published (epilogue; 256 threads)
   kBarConsumer = 4, // + consumer: one consumer's 128 threads (its smem writes before its own wgmma)
 };
 
-template <typename Element>
+// Shape of one kernel instantiation.
+//   kQRows:    query rows of a row block kept in shared memory (rows of the Q tensor map's box);
+//   kNumSlots: one-box KV slots of the ring.
+template <int kQRows_, int kNumSlots_>
+struct KernelShape {
+  static constexpr int kQRows = kQRows_;
+  static constexpr int kNumSlots = kNumSlots_;
+  static constexpr int kQBoxElems = kQRows * kKvBoxCols;  // (kQRows, 64)
+  static constexpr bool kNarrow = kQRows < kBlockM;
+  static_assert(kQRows == kBlockM || kQRows == 16, "Q is a whole row block or the narrow 16 rows");
+  static_assert(kNumSlots >= 2 * kKvBoxesQK, "the seesaw has two tiles in progress at once");
+};
+using WideShape = KernelShape<kBlockM, 2 * kKvBoxesQK>;  // 72 KB of Q + 2 x 72 KB of KV
+using NarrowShape = KernelShape<16, 25>;                  // 18 KB of Q + 25 x 8 KB of KV
+
+template <typename Element, typename Shape>
 struct alignas(1024) SharedStorage {
-  Element q[kKvBoxesQK][kKvBoxElems];                   // (BLK_M, 576) as 9 boxes of (64, 64)
-  Element kv[kNumKvStages][kKvBoxesQK][kKvBoxElems];    // (stage, BLK_N, 576) as 9 boxes each
-  KVPipelineBarriers<kNumKvStages> kv_bars;
+  // Q first: the narrow shape's descriptors read rows 16-63 of box b from the 6 KB after it, i.e.
+  // boxes b+1..b+3 and, for the last boxes, the first KV slots (masked rows; any value will do).
+  Element q[kKvBoxesQK][Shape::kQBoxElems];             // (9 boxes, kQRows, 64)
+  Element kv[Shape::kNumSlots][kKvBoxElems];            // (slot, BLK_N, 64): one box of one tile each
+  BoxRingBarriers<Shape::kNumSlots> kv_bars;
   uint64_t q_full;                                      // Q of the current request landed
   uint64_t q_empty;                                     // consumers done with Q (2 arrivals)
-  float row_max[kNumKvStages][kBlockM];                 // running max after the stage's tile (log2 units)
+  float row_max[kNumConsumers][kBlockM];                // per owner: running max after its latest tile (log2 units)
   float row_sum[2][kNumConsumers][kBlockM];             // per piece parity, per-consumer partial sums
   int bad_request[2];                                   // set by the producer, per piece parity
 };
 
-template <typename Element>
-inline constexpr int kSmemBytes = sizeof(SharedStorage<Element>) + 1024;  // + alignment slack
-static_assert(sizeof(SharedStorage<uint16_t>) + 1024 <= 232448, "exceeds the 227 KB opt-in limit");
+template <typename Element, typename Shape>
+inline constexpr int kSmemBytes = sizeof(SharedStorage<Element, Shape>) + 1024;  // + alignment slack
+static_assert(kSmemBytes<uint16_t, WideShape> <= kSmemOptInLimit, "wide shape exceeds the 227 KB opt-in limit");
+static_assert(kSmemBytes<uint16_t, NarrowShape> <= kSmemOptInLimit, "narrow shape exceeds the 227 KB opt-in limit");
+static_assert(kSmemBytes<uint16_t, NarrowShape> + kKvBoxBytes > kSmemOptInLimit, "the narrow ring could take one more slot");
 
 }  // namespace jax_mla::sm90

@@ -1,26 +1,29 @@
 // The SM90 MLA decode kernel: roles, main loop and the "seesaw" protocol between the two consumers.
-// See config.h for the CTA layout and docs/design.md for the semantics.
+// See config.h for the CTA layout and the two shapes, docs/design.md for the semantics.
 //
 // Grid: (num_parts, num_m_blocks), or (num_m_blocks, num_parts) with p.row_blocks_adjacent. CTA
 // (p, mb) walks the pieces of work of part p of the split-KV schedule (cuda/common/scheduler.h)
 // for query rows [64 mb, 64 mb + 64) of each request.
 //
 // The CTA's KV tiles form one sequence g = 0, 1, 2, ... over all its pieces (the producer's ring
-// order): tile g lives in stage g % 2 and is owned by consumer w = g % 2. Both consumers keep the
-// same running row max m; consumer w accumulates O_w = O[:, 256 w : 256 w + 256] over every tile.
+// order): tile g's boxes sit in the box ring (kv_producer.cuh) at slots 9 g .. 9 g + 8 (mod the
+// ring size), and tile g is owned by consumer w = g % 2. Both consumers keep the same running row
+// max m; consumer w accumulates O_w = O[:, 256 w : 256 w + 256] over every tile.
 //   owner of tile g:     S = Q K_g^T (64, 64), K = 576 (36 wgmma m64n64k16, waits box by box);
 //                        m_g = max(m_{g-1}, rowmax S); P = exp2(S * scale_log2 - m_g);
-//                        P and m_g into smem (P in the tile's RoPE box, dead after S)  -> kBarPReady + stage;
+//                        P and m_g into smem (P in the tile's RoPE box, dead after S)  -> kBarPReady + w;
 //                        O_w = alpha_g O_w + P V_g[:, w half]   (4 wgmma m64n256k16, P from registers)
-//   other consumer:      waits kBarPReady + stage, reads m_g, alpha_g = exp2(m_{g-1} - m_g);
+//   other consumer:      waits kBarPReady + w, reads m_g, alpha_g = exp2(m_{g-1} - m_g);
 //                        O_w = alpha_g O_w + P V_g[:, w half]   (4 wgmma m64n256k16, P from smem)
 //                        issues box 0 of S of its own tile g + 1 behind it, waits for that P V
-//                        (wgmma_wait<1>), releases the stage, then issues S's other eight boxes.
+//                        (wgmma_wait<1>), releases its boxes of tile g, then issues S's other eight boxes.
 // So each consumer's wgmma stream is S_g, PV_g (own), PV_{g+1} (other's), S_{g+2}, ... and while one
-// consumer runs its softmax the tensor cores work on the other one's wgmmas. A stage goes back to the
-// producer once both consumers' P V of its tile completed (neither release waits for anything else,
-// so the loads of tiles g + 1 and g + 2 can be in flight together); the producer then refills it
-// with tile g + 2 while tile g + 1 is being computed.
+// consumer runs its softmax the tensor cores work on the other one's wgmmas. Each consumer hands
+// back the boxes whose last reader it is as soon as its P V of the tile completed: its four V
+// boxes, and the RoPE box (which holds P) if it is not the owner. The producer refills the ring
+// slot by slot, so the next tiles' first boxes load while the last ones of tile g are still read.
+// In the narrow shape a consumer's four V boxes may wrap around the end of the ring, so its P V
+// runs box by box (m64n64k16) instead of as one m64n256k16 over the four.
 // Both consumers run the same code (roles follow from g), with warp-uniform branches only, which
 // keeps ptxas from serialising wgmmas on paths it cannot prove warp-uniform.
 #pragma once
@@ -43,17 +46,17 @@
 
 namespace jax_mla::sm90 {
 
-template <typename Element>
-__device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const DecodeParams& p,
+template <typename Element, typename Shape>
+__device__ __forceinline__ void producer_main(SharedStorage<Element, Shape>& s, const DecodeParams& p,
                                               const CUtensorMap* q_map, const CUtensorMap* kv_map,
                                               const int32_t* part_info, const int32_t* split_offsets, int m_block,
                                               int cta_rank, int cluster_size) {
-  DecodeKVProducer<Element, kNumKvStages> producer{&s.kv_bars, &s.kv[0][0][0], {}, cta_rank, cluster_size};
+  BoxRingProducer<Element, Shape::kNumSlots> producer{&s.kv_bars, &s.kv[0][0], {}, cta_rank, cluster_size};
   Tracer tr;
   tr.init(p, 0, true);  // this is the producer's one thread
   // A bad block-table entry anywhere in a piece makes the whole request NaN: the flag is per piece
   // (parity), cleared before its Q load and set before the bad tile's arrivals.
-  produce_part(
+  produce_part<Shape::kQRows>(
       producer, p, q_map, kv_map, part_info, split_offsets, m_block, &s.q[0][0], &s.q_full, &s.q_empty,
       [&](int parity) { s.bad_request[parity] = 0; },
       [&](int parity, int, bool ok) {
@@ -64,79 +67,135 @@ __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const D
   tr.finish();
 }
 
-// Issues the part of S = Q K^T for the tile in stage st that reads boxes [box_begin, box_end) as one
-// wgmma group, waiting on each box as it lands; box_begin == 0 starts the accumulator at zero. The
+// A consumer's view of the ring position of the CTA's next tile, and who owns that tile.
+template <typename Shape>
+struct TileCursor {
+  TileSlots<Shape::kNumSlots> slots;
+  int owner = 0;  // g % 2
+  __device__ __forceinline__ void advance() {
+    slots.advance();
+    owner ^= 1;
+  }
+  __device__ __forceinline__ TileCursor next() const {
+    TileCursor c = *this;
+    c.advance();
+    return c;
+  }
+};
+
+template <typename Element, typename Shape>
+__device__ __forceinline__ uint32_t slot_addr(SharedStorage<Element, Shape>& s, const TileCursor<Shape>& t, int box) {
+  return ptx::smem_addr(&s.kv[t.slots.slot(box)][0]);
+}
+
+// Issues the part of S = Q K^T for tile t that reads boxes [box_begin, box_end) as one wgmma
+// group, waiting on each box as it lands; box_begin == 0 starts the accumulator at zero. The
 // caller waits for the group(s).
-template <typename Element>
-__device__ __forceinline__ void issue_scores(SharedStorage<Element>& s, const KVConsumer<kNumKvStages>& kv,
-                                             const PipelineState<kNumKvStages>& st, ScoreFragment& sc,
-                                             Tracer& tr, int box_begin = 0, int box_end = kKvBoxesQK) {
+template <typename Element, typename Shape>
+__device__ __forceinline__ void issue_scores(SharedStorage<Element, Shape>& s, const BoxRingConsumer<Shape::kNumSlots>& kv,
+                                             const TileCursor<Shape>& t, ScoreFragment& sc, Tracer& tr,
+                                             int box_begin = 0, int box_end = kKvBoxesQK) {
   const uint32_t q_base = ptx::smem_addr(&s.q[0][0]);
-  const uint32_t k_base = ptx::smem_addr(&s.kv[st.stage][0][0]);
   wgmma_fence();
 #pragma unroll
   for (int box = 0; box < kKvBoxesQK; ++box) {
     if (box < box_begin || box >= box_end) continue;
-    kv.wait_box(st, box);
+    kv.wait_box(t.slots, box);
     if (box == kKvBoxesQK - 1) tr.mark(kTrLastBoxReady);
+    const uint32_t k_box = slot_addr(s, t, box);
+    const uint32_t q_box = q_base + box * Shape::kQBoxElems * 2;
 #pragma unroll
     for (int kk = 0; kk < kKvBoxCols / 16; ++kk) {
-      const uint32_t off = box * kKvBoxBytes + kk * 32;  // 16 columns = 32 bytes inside the swizzled row
-      wgmma_m64n64k16_ss<Element>(sc, desc_k_major(q_base + off), desc_k_major(k_base + off), box | kk);
+      // 16 columns = 32 bytes inside the swizzled row. Q's descriptor covers 64 rows: for the narrow
+      // shape rows kQRows..63 run on past the box (masked rows, see config.h).
+      wgmma_m64n64k16_ss<Element>(sc, desc_k_major(q_box + kk * 32), desc_k_major(k_box + kk * 32), box | kk);
     }
   }
   wgmma_commit();
 }
 
 // First V box of consumer w's 256 columns.
-__device__ __forceinline__ int v_box0(int consumer) { return consumer * (kKvBoxesV / kNumConsumers); }
+__device__ __forceinline__ int v_box0(int consumer) { return consumer * kVBoxesPerConsumer; }
 
-// O_w += P V[:, 256 w : 256 w + 256] with P (64, 64) in registers (the owner's own tile).
-template <typename Element>
-__device__ __forceinline__ void issue_pv_own(SharedStorage<Element>& s, int stage, int consumer, const PFragment& pf,
-                                             float (&o)[128]) {
-  const uint32_t v_base = ptx::smem_addr(&s.kv[stage][v_box0(consumer)][0]);
+// O_w += P V[:, 256 w : 256 w + 256] for tile t, A = P (64, 64) in registers (kPInRegs: the
+// owner's own tile, pf) or from the tile's RoPE box (the other's tile). When whole tiles fill the
+// ring (wide shape), a consumer's four V boxes are always in consecutive slots: one m64n256k16 per
+// 16 keys, B spanning the four boxes (LBO = box bytes). Otherwise (narrow shape) they may wrap
+// around the ring's end: one m64n64k16 per box and 16 keys on that box's 32 registers of O, always,
+// since a run-time choice between the two forms costs ptxas the registers to pipeline the wgmmas
+// (C7511, every wgmma serialised).
+template <typename Element, typename Shape, bool kPInRegs>
+__device__ __forceinline__ void issue_pv(SharedStorage<Element, Shape>& s, const TileCursor<Shape>& t, int consumer,
+                                         const PFragment& pf, float (&o)[128]) {
+  const int b0 = v_box0(consumer);
+  const uint32_t p_base = slot_addr(s, t, kKvRopeBox);
   fence_operands(o);
   wgmma_fence();
+  if constexpr (Shape::kNumSlots % kKvBoxesQK == 0) {
+    const uint32_t v_base = slot_addr(s, t, b0);
 #pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    const uint64_t desc_v = desc_mn_major(v_base + kk * 16 * 128, kKvBoxBytes);  // keys 16kk..16kk+15
-    const uint32_t a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
-    wgmma_m64n256k16_rs<Element>(o, a, desc_v, 1);
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint64_t desc_v = desc_mn_major(v_base + kk * 16 * 128, kKvBoxBytes);  // keys 16kk..16kk+15
+      if constexpr (kPInRegs) {
+        const uint32_t a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
+        wgmma_m64n256k16_rs<Element>(o, a, desc_v, 1);
+      } else {
+        wgmma_m64n256k16_ss<Element>(o, desc_k_major(p_base + kk * 32), desc_v, 1);
+      }
+    }
+  } else {
+    uint32_t v_box[kVBoxesPerConsumer];
+#pragma unroll
+    for (int j = 0; j < kVBoxesPerConsumer; ++j) v_box[j] = slot_addr(s, t, b0 + j);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
+      const uint64_t desc_p = desc_k_major(p_base + kk * 32);
+#define JAX_MLA_PV_BOX(J)                                                                   \
+  {                                                                                         \
+    const uint64_t desc_v = desc_mn_major(v_box[J] + kk * 16 * 128, kKvBoxBytes);           \
+    if constexpr (kPInRegs) {                                                               \
+      wgmma_m64n64k16_rs_tb<Element, 32 * (J)>(o, a, desc_v, 1);                            \
+    } else {                                                                                \
+      wgmma_m64n64k16_ss_tb<Element, 32 * (J)>(o, desc_p, desc_v, 1);                       \
+    }                                                                                       \
+  }
+      JAX_MLA_PV_BOX(0)
+      JAX_MLA_PV_BOX(1)
+      JAX_MLA_PV_BOX(2)
+      JAX_MLA_PV_BOX(3)
+#undef JAX_MLA_PV_BOX
+      (void)a;
+      (void)desc_p;
+    }
   }
   wgmma_commit();
 }
+static_assert(kVBoxesPerConsumer == 4, "issue_pv's box-by-box path names the four boxes");
 
-// O_w += P V[:, 256 w : 256 w + 256] with P (64, 64) from the tile's RoPE box (the other's tile).
-template <typename Element>
-__device__ __forceinline__ void issue_pv_other(SharedStorage<Element>& s, int stage, int consumer, float (&o)[128]) {
-  const uint32_t v_base = ptx::smem_addr(&s.kv[stage][v_box0(consumer)][0]);
-  const uint32_t p_base = ptx::smem_addr(&s.kv[stage][kKvRopeBox][0]);
-  fence_operands(o);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    const uint64_t desc_v = desc_mn_major(v_base + kk * 16 * 128, kKvBoxBytes);
-    wgmma_m64n256k16_ss<Element>(o, desc_k_major(p_base + kk * 32), desc_v, 1);
-  }
-  wgmma_commit();
-}
-
-// Zeroes rows [first, 64) of consumer w's V boxes of a stage: cache slots past seq_len inside the
+// Zeroes rows [first, 64) of consumer w's V boxes of tile t: cache slots past seq_len inside the
 // last page, which P multiplies by exactly 0 but which may hold NaN. Each consumer zeroes only the
 // columns its own P V reads, after the owner's Q K^T (the only other reader) completed.
-template <typename Element>
-__device__ __forceinline__ void zero_dead_v_rows(SharedStorage<Element>& s, int stage, int consumer, int first,
-                                                 int thread) {
-  constexpr int kBoxes = kKvBoxesV / kNumConsumers;  // 4 boxes of 64 columns
-  constexpr int kChunksPerRow = kBoxes * (kKvBoxCols * 2 / 16);  // 32 x 16 bytes
+template <typename Element, typename Shape>
+__device__ __forceinline__ void zero_dead_v_rows(SharedStorage<Element, Shape>& s, const TileCursor<Shape>& t,
+                                                 int consumer, int first, int thread) {
+  constexpr int kChunksPerRow = kVBoxesPerConsumer * (kKvBoxCols * 2 / 16);  // 32 x 16 bytes
   const int total = (kBlockN - first) * kChunksPerRow;
   for (int idx = thread; idx < total; idx += 128) {
     const int row = first + idx / kChunksPerRow;
     const int box = v_box0(consumer) + (idx % kChunksPerRow) / 8, chunk = idx % 8;
-    uint8_t* dst = reinterpret_cast<uint8_t*>(&s.kv[stage][box][0]) + row * 128 + chunk * 16;
+    uint8_t* dst = reinterpret_cast<uint8_t*>(&s.kv[t.slots.slot(box)][0]) + row * 128 + chunk * 16;
     *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
   }
+}
+
+// Hands back the boxes of tile t whose last reader this consumer is, once its P V of t completed:
+// its four V boxes, and the RoPE box (P) when the other consumer owns t. One elected thread.
+template <typename Shape>
+__device__ __forceinline__ void release_tile(const BoxRingConsumer<Shape::kNumSlots>& kv, const TileCursor<Shape>& t,
+                                             int consumer) {
+  kv.release_boxes(t.slots, v_box0(consumer), kVBoxesPerConsumer);
+  if (t.owner != consumer) kv.release_boxes(t.slots, kKvRopeBox, 1);
 }
 
 __device__ __forceinline__ void rescale_o(float (&o)[128], const float (&alpha)[2]) {
@@ -167,16 +226,16 @@ __device__ __forceinline__ float rescale_factor(float m_old, float m_new) {
   return ptx::exp2_approx(m_old - finite_or_zero(m_new));
 }
 
-// The owner's step for its tile in stage st, whose scores sc are complete: mask, running max, P,
-// publish P and m for the other consumer, then its own P V (left in flight).
-template <typename Element>
-__device__ __forceinline__ void owner_step(SharedStorage<Element>& s, const PipelineState<kNumKvStages>& st,
-                                           const RowCoords& rc, int consumer, const TileInfo& t,
+// The owner's step for its tile t, whose scores sc are complete: mask, running max, P, publish P and
+// m for the other consumer, then its own P V (left in flight).
+template <typename Element, typename Shape>
+__device__ __forceinline__ void owner_step(SharedStorage<Element, Shape>& s, const TileCursor<Shape>& t,
+                                           const RowCoords& rc, int consumer, const TileInfo& ti,
                                            const int (&visible)[2], int visible_min, float scale_log2,
                                            ScoreFragment& sc, PFragment& pf, RowState& rs, float (&o)[128],
                                            Tracer& tr) {
   const int thread = threadIdx.x % 128;
-  if (t.first_token + kBlockN > visible_min) mask_scores(sc, rc, t.first_token, visible);
+  if (ti.first_token + kBlockN > visible_min) mask_scores(sc, rc, ti.first_token, visible);
   float tile_max[2];
   tile_row_max(sc, scale_log2, tile_max);
   float alpha[2], m_ref[2];
@@ -188,65 +247,65 @@ __device__ __forceinline__ void owner_step(SharedStorage<Element>& s, const Pipe
     rs.m[i] = m_new;
   }
   if ((thread & 3) == 0) {
-    s.row_max[st.stage][rc.row[0]] = rs.m[0];
-    s.row_max[st.stage][rc.row[1]] = rs.m[1];
+    s.row_max[consumer][rc.row[0]] = rs.m[0];
+    s.row_max[consumer][rc.row[1]] = rs.m[1];
   }
   float tile_sum[2];
   exponentiate(sc, scale_log2, m_ref, tile_sum);
 #pragma unroll
   for (int i = 0; i < 2; ++i) rs.l[i] = rs.l[i] * alpha[i] + tile_sum[i];
   pack_p<Element>(sc, pf);
-  store_p(pf, rc, reinterpret_cast<uint8_t*>(&s.kv[st.stage][kKvRopeBox][0]));
-  const bool last_tile = t.first_token + kBlockN > t.seq_len;
-  if (last_tile) zero_dead_v_rows(s, st.stage, consumer, t.seq_len - t.first_token, thread);
+  store_p(pf, rc, reinterpret_cast<uint8_t*>(&s.kv[t.slots.slot(kKvRopeBox)][0]));
+  const bool last_tile = ti.first_token + kBlockN > ti.seq_len;
+  if (last_tile) zero_dead_v_rows(s, t, consumer, ti.seq_len - ti.first_token, thread);
   ptx::fence_proxy_async_smem();  // P and the zeroed rows, before async-proxy (wgmma) reads
-  ptx::named_barrier_arrive(kBarPReady + st.stage, kConsumerThreads);
+  ptx::named_barrier_arrive(kBarPReady + consumer, kConsumerThreads);
   tr.mark(kTrSoftmaxDone);
   // Our own P V reads the V rows this consumer's threads just zeroed: all of them must be done.
   if (last_tile) ptx::named_barrier_sync(kBarConsumer + consumer, 128);
   rescale_o(o, alpha);
-  issue_pv_own<Element>(s, st.stage, consumer, pf, o);
+  issue_pv<Element, Shape, true>(s, t, consumer, pf, o);
 }
 
-// The other consumer's step for the tile in stage st: adopt the owner's running max, then its own
-// half of P V from the P in smem (left in flight). Requires this consumer's earlier wgmmas on O to
-// have completed.
-template <typename Element>
-__device__ __forceinline__ void other_step(SharedStorage<Element>& s, const PipelineState<kNumKvStages>& st,
-                                           const RowCoords& rc, int consumer, const TileInfo& t, RowState& rs,
-                                           float (&o)[128], Tracer& tr) {
+// The other consumer's step for tile t: adopt the owner's running max, then its own half of P V
+// from the P in smem (left in flight). Requires this consumer's earlier wgmmas on O to have
+// completed.
+template <typename Element, typename Shape>
+__device__ __forceinline__ void other_step(SharedStorage<Element, Shape>& s, const TileCursor<Shape>& t,
+                                           const RowCoords& rc, int consumer, const TileInfo& ti, RowState& rs,
+                                           const PFragment& pf, float (&o)[128], Tracer& tr) {
   const int thread = threadIdx.x % 128;
-  ptx::named_barrier_sync(kBarPReady + st.stage, kConsumerThreads);
+  ptx::named_barrier_sync(kBarPReady + t.owner, kConsumerThreads);
   tr.mark(kTrPReady);
   float alpha[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const float m_new = s.row_max[st.stage][rc.row[i]];
+    const float m_new = s.row_max[t.owner][rc.row[i]];
     alpha[i] = rescale_factor(rs.m[i], m_new);
     rs.m[i] = m_new;
     rs.l[i] *= alpha[i];
   }
-  if (t.first_token + kBlockN > t.seq_len) {
-    zero_dead_v_rows(s, st.stage, consumer, t.seq_len - t.first_token, thread);
+  if (ti.first_token + kBlockN > ti.seq_len) {
+    zero_dead_v_rows(s, t, consumer, ti.seq_len - ti.first_token, thread);
     ptx::fence_proxy_async_smem();
     ptx::named_barrier_sync(kBarConsumer + consumer, 128);
   }
   rescale_o(o, alpha);
-  issue_pv_other<Element>(s, st.stage, consumer, o);
+  issue_pv<Element, Shape, false>(s, t, consumer, pf, o);
 }
 
-template <typename Element>
-__device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const DecodeParams& p,
+template <typename Element, typename Shape>
+__device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, const DecodeParams& p,
                                               const int32_t* part_info, const int32_t* split_offsets, int m_block,
                                               int consumer, int cluster_size) {
   const int thread = threadIdx.x % 128;
   const RowCoords rc(thread);
-  const KVConsumer<kNumKvStages> kv{&s.kv_bars, cluster_size};
+  const BoxRingConsumer<Shape::kNumSlots> kv{&s.kv_bars, cluster_size};
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   const bool elected = thread == 0;
   Tracer tr;
   tr.init(p, 1 + consumer, elected);
-  PipelineState<kNumKvStages> st;  // stage and phase of the CTA's next tile; st.stage owns it
+  TileCursor<Shape> st;  // ring position and owner of the CTA's next tile
   int piece_count = 0;
   const int rows_valid = min(kBlockM, p.rows - m_block * kBlockM);
 
@@ -259,7 +318,10 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = m_block * kBlockM + rc.row[i];
-      visible[i] = row < p.rows ? visible_keys(seq_len, p.seq_q, row / p.heads_q, p.causal) : seq_len;
+      // Rows past the request's: the wide shape reads them from the next request's Q (finite, never
+      // stored); the narrow shape's run on into other shared memory, so every key is masked off.
+      visible[i] = row < p.rows ? visible_keys(seq_len, p.seq_q, row / p.heads_q, p.causal)
+                                : (Shape::kNarrow ? 0 : seq_len);
     }
     const int visible_min = min(visible[0], visible[1]);
 
@@ -273,30 +335,32 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
     tr.mark(kTrPieceBegin);
 
     // Tiles of this piece, in order. The wgmma groups in flight when a step starts: for an owned
-    // tile, our S of this tile; for the other's tile, our own P V of the previous tile. The stage of
-    // the previous tile is released as soon as our last wgmma reading it has completed. (Since
-    // 7fd23b3 the owner's `pending_release >= 0` case below is not reached: the other-tile step
-    // releases before it issues S. It stays for the orders where S goes first: the branches
-    // next/s-when-landed and next/s-first have them behind switches; neither measured faster, see
+    // tile, our S of this tile; for the other's tile, our own P V of the previous tile. Our boxes of
+    // the previous tile are released as soon as our last wgmma reading them has completed. (Since
+    // 7fd23b3 the owner's `has_pending` case below is not reached: the other-tile step releases
+    // before it issues S. It stays for the orders where S goes first: the branches
+    // next/s-when-landed and next/s-first had them behind switches; neither measured faster, see
     // docs/performance.md, fourth session of 2026-12-03.)
-    int pending_release = -1;  // stage whose tile our in-flight P V still reads
-    if (st.stage == consumer) {
+    bool has_pending = false;  // our in-flight P V still reads our boxes of tile `pending`
+    TileCursor<Shape> pending;
+    if (st.owner == consumer) {
       issue_scores(s, kv, st, sc, tr);
       tr.mark(kTrSIssued);
     }
 #pragma unroll 1
     for (int blk = w.begin_block; blk < w.end_block; ++blk) {
-      const TileInfo t{blk * kBlockN, seq_len};
-      if (st.stage == consumer) {
-        if (pending_release >= 0) {
+      const TileInfo ti{blk * kBlockN, seq_len};
+      if (st.owner == consumer) {
+        if (has_pending) {
           wgmma_wait<1>();  // the other's P V (older group) done; S may still run
           fence_operands(o);
-          if (elected) kv.release_stage(pending_release);
+          if (elected) release_tile(kv, pending, consumer);
+          has_pending = false;
         }
         wgmma_wait<0>();
         fence_operands(sc);
         tr.mark(kTrSDone);
-        owner_step<Element>(s, st, rc, consumer, t, visible, visible_min, scale_log2, sc, pf, rs, o, tr);
+        owner_step<Element>(s, st, rc, consumer, ti, visible, visible_min, scale_log2, sc, pf, rs, o, tr);
         tr.mark(kTrPvOwnIssued);
       } else {
         // Our own P V of the previous tile must be done before O is rescaled.
@@ -304,17 +368,18 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
         fence_operands(o);
         fence_operands(pf);  // P's registers stay live until their wgmma completed
         tr.mark(kTrPvDone);
-        if (pending_release >= 0 && elected) {
-          kv.release_stage(pending_release);
+        if (has_pending && elected) {
+          release_tile(kv, pending, consumer);
           tr.mark(kTrReleased);
         }
-        other_step<Element>(s, st, rc, consumer, t, rs, o, tr);
+        has_pending = false;
+        other_step<Element>(s, st, rc, consumer, ti, rs, pf, o, tr);
         tr.mark(kTrPvOtherIssued);
         if (blk + 1 < w.end_block) {
-          // Hand this stage back as soon as our P V of it completed, before waiting on the next
-          // tile's later boxes: left pending until after that S (before v8), the release of tile
-          // g waited for tile g + 1 to land, so the producer could start the load of g + 2 only
-          // once g + 1 was in: one 72 KB load in flight per SM instead of two. S of the next tile
+          // Hand our boxes of this tile back as soon as our P V of it completed, before waiting on
+          // the next tile's later boxes: left pending until after that S (before v8), the release
+          // of tile g waited for tile g + 1 to land, so the producer could start the load of g + 2
+          // only once g + 1 was in: one 72 KB load in flight per SM instead of two. S of the next tile
           // starts with its first box, queued behind this P V as its own wgmma group, so the
           // tensor pipe goes from the P V straight into S instead of idling through the wait,
           // the release and the first issue; the other eight boxes follow the release.
@@ -322,23 +387,23 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
           wgmma_wait<1>();
           fence_operands(o);
           tr.mark(kTrPvDone);
-          if (elected) kv.release_stage(st.stage);
+          if (elected) release_tile(kv, st, consumer);
           tr.mark(kTrReleased);
-          pending_release = -1;
           issue_scores(s, kv, st.next(), sc, tr, 1, kKvBoxesQK);
           tr.mark(kTrSIssued);
           st.advance();
           continue;
         }
       }
-      pending_release = st.stage;
+      has_pending = true;
+      pending = st;
       st.advance();
     }
     wgmma_wait<0>();
     fence_operands(o);
     fence_operands(pf);
     if (elected) {
-      kv.release_stage(pending_release);
+      if (has_pending) release_tile(kv, pending, consumer);
       // Q is no longer read: let the producer load the next request's Q while we finish.
       ptx::mbarrier_arrive(&s.q_empty);
     }
@@ -381,7 +446,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
   tr.finish();
 }
 
-template <typename Element>
+template <typename Element, typename Shape>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap q_map,
                   const __grid_constant__ CUtensorMap kv_map) {
@@ -392,7 +457,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   cta_tr.init(p, kTraceRoleCta, threadIdx.x == 0);
   cta_tr.mark_both(kTrCtaEntry);
   extern __shared__ uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<SharedStorage<Element>*>(ptx::align_dynamic_smem<1024>(smem_raw));
+  auto& s = *reinterpret_cast<SharedStorage<Element, Shape>*>(ptx::align_dynamic_smem<1024>(smem_raw));
   // The CTAs of a cluster are row blocks of the same part: they walk the same tiles and share
   // every tile's loads (kv_producer.cuh). Launched without a cluster, this is a cluster of one.
   // With p.cluster_shares_tiles off the cluster only co-locates the row blocks, and each CTA
@@ -402,7 +467,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     ptx::prefetch_tensor_map(&q_map);
     ptx::prefetch_tensor_map(&kv_map);
-    s.kv_bars.init(kNumConsumers, cluster_size);
+    s.kv_bars.init(cluster_size);
     ptx::mbarrier_init(&s.q_full, 1);
     ptx::mbarrier_init(&s.q_empty, kNumConsumers);
     ptx::fence_barrier_init();
@@ -437,7 +502,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     consumer_main(s, p, part_info, split_offsets, m_block, warpgroup - 1, cluster_size);
   }
   // No CTA may exit while a peer can still multicast into its shared memory or arrive on its
-  // barriers: every peer has released its last stage before it gets here.
+  // barriers: every peer has released its last boxes before it gets here.
   if (cluster_size > 1) ptx::cluster_sync();
 #endif
 }

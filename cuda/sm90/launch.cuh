@@ -7,10 +7,18 @@
 
 namespace jax_mla::sm90 {
 
+static_assert(NarrowShape::kQRows == kNarrowMaxRows, "launch.h's narrow row limit is the narrow shape's Q rows");
+
+template <typename Element, typename Shape>
+cudaError_t set_max_smem() {
+  return cudaFuncSetAttribute(decode_kernel<Element, Shape>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              kSmemBytes<Element, Shape>);
+}
+
 template <typename Element>
 cudaError_t setup_decode() {
-  return cudaFuncSetAttribute(decode_kernel<Element>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              kSmemBytes<Element>);
+  cudaError_t e = set_max_smem<Element, WideShape>();
+  return e == cudaSuccess ? set_max_smem<Element, NarrowShape>() : e;
 }
 
 template <typename Element>
@@ -23,24 +31,24 @@ int max_active_clusters(int cluster_row_blocks) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(1, cluster_row_blocks);
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmemBytes<Element>;
+  cfg.dynamicSmemBytes = kSmemBytes<Element, WideShape>;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, decode_kernel<Element>, &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, decode_kernel<Element, WideShape>, &cfg) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
   return n;
 }
 
-template <typename Element>
-cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
-                          cudaStream_t stream) {
+template <typename Element, typename Shape>
+cudaError_t launch_shape(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
+                         cudaStream_t stream) {
   const int m_blocks = (p.rows + kBlockM - 1) / kBlockM;
   const dim3 grid = p.row_blocks_adjacent ? dim3(m_blocks, p.num_parts) : dim3(p.num_parts, m_blocks);
   cudaLaunchAttribute attrs[2];
-  cudaLaunchConfig_t cfg = pdl_launch_config(grid, dim3(kThreads), kSmemBytes<Element>, stream, &attrs[0]);
+  cudaLaunchConfig_t cfg = pdl_launch_config(grid, dim3(kThreads), kSmemBytes<Element, Shape>, stream, &attrs[0]);
   // Row blocks of one part read the same KV tiles: as a cluster they share each tile's loads by TMA
   // multicast, halving the L2 -> SM traffic for pairs.
   if (!p.row_blocks_adjacent && p.cluster_row_blocks > 1 && m_blocks % p.cluster_row_blocks == 0) {
@@ -51,7 +59,14 @@ cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const
     cfg.attrs = attrs;
     cfg.numAttrs = 2;
   }
-  return cudaLaunchKernelEx(&cfg, decode_kernel<Element>, p, q_map, kv_map);
+  return cudaLaunchKernelEx(&cfg, decode_kernel<Element, Shape>, p, q_map, kv_map);
+}
+
+template <typename Element>
+cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
+                          cudaStream_t stream) {
+  return uses_narrow_shape(p) ? launch_shape<Element, NarrowShape>(p, q_map, kv_map, stream)
+                              : launch_shape<Element, WideShape>(p, q_map, kv_map, stream);
 }
 
 }  // namespace jax_mla::sm90

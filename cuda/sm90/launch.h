@@ -13,6 +13,13 @@ namespace jax_mla::sm90 {
 // cuda_handler.cu, JAX_MLA_SM90_CLUSTER).
 inline constexpr int kClusterRowBlocks = 2;
 
+// Requests of at most this many query rows run the narrow shape (config.h) when p.sm90_narrow.
+inline constexpr int kNarrowMaxRows = 16;
+inline bool uses_narrow_shape(const DecodeParams& p) { return p.sm90_narrow && p.rows <= kNarrowMaxRows; }
+
+// Rows of the Q tensor map's box that launch_decode expects: 16 for the narrow shape, else 64.
+inline int q_box_rows(const DecodeParams& p) { return uses_narrow_shape(p) ? kNarrowMaxRows : 64; }
+
 // One-time per-device setup (opt-in shared memory); call from the FFI initialize stage.
 template <typename Element>
 cudaError_t setup_decode();
@@ -22,9 +29,10 @@ cudaError_t setup_decode();
 template <typename Element>
 int max_active_clusters(int cluster_row_blocks);
 
-// Launches the decode kernel over grid (p.num_parts, ceil(p.rows / 64)) with programmatic
-// dependent launch, as clusters of p.cluster_row_blocks row blocks when that divides the row-block
-// count. q_map: (b * rows, 576) box (64, 64); kv_map: (num_pages * page_size, 576)
+// Launches the decode kernel (the narrow or the wide shape: uses_narrow_shape) over grid
+// (p.num_parts, ceil(p.rows / 64)) with programmatic dependent launch, as clusters of
+// p.cluster_row_blocks row blocks when that divides the row-block count (wide shape only).
+// q_map: (b * rows, 576) box (q_box_rows(p), 64); kv_map: (num_pages * page_size, 576)
 // box (min(page_size, 64), 64).
 template <typename Element>
 cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
