@@ -41,8 +41,9 @@ struct DecodeParams {
   // the cluster only places a part's row blocks on one GPC and each CTA loads its own tiles.
   bool cluster_shares_tiles = true;
   // SM90: requests of at most 16 query rows (s_q * h_q) run the narrow shape (cuda/sm90/config.h:
-  // Q of 16 rows, a deeper KV ring); false runs them on the wide shape as every other request.
-  bool sm90_narrow = true;
+  // Q of 16 rows, a deeper KV ring) when set; otherwise every request runs the wide shape. The CUDA
+  // handler sets it from JAX_MLA_SM90_NARROW (default off).
+  bool sm90_narrow = false;
 
   // Debug builds only (CMake JAX_MLA_SM90_TRACE): the SM90 kernel's event log, see
   // cuda/sm90/trace.cuh; null otherwise.

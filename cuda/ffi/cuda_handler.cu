@@ -112,7 +112,9 @@ struct ProcessEnv {
   // Launch-time experiments, measured in docs/performance.md (defaults: what measured fastest).
   KvL2Hint kv_l2_hint = KvL2Hint::kNone;  // JAX_MLA_KV_L2_HINT: none (default) | evict_first | evict_last
   bool row_blocks_adjacent = true;  // JAX_MLA_SM90_GRID: row_blocks_adjacent (default) | parts_major
-  bool sm90_narrow = true;          // JAX_MLA_SM90_NARROW: 1 (default) | 0 (<= 16 rows on the wide shape)
+  // JAX_MLA_SM90_NARROW: 0 (default: every request on the wide shape) | 1 (<= 16 rows on the narrow
+  // shape; not faster on an H100, not yet measured on an H200: docs/performance.md, 2026-12-05).
+  bool sm90_narrow = false;
 };
 
 const ProcessEnv& process_env() {

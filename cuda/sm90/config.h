@@ -11,11 +11,15 @@
 //                from registers for its own tiles and from smem for the other's. While one consumer
 //                runs its softmax, the other's wgmmas keep the tensor cores busy.
 //
-// KV lives in a ring of one-box slots (kv_producer.cuh, box ring): each box goes back to the
-// producer once its last reader is done (V columns 0-255: consumer 0's P V; 256-511: consumer 1's;
-// the RoPE box, which holds P: the non-owner's P V), and the producer refills slot by slot.
+// KV lives in a ring of one-box slots (kv_producer.cuh, box ring). Wide shape: 18 slots, two whole
+// tiles, each tile position freed once both consumers are done with it (as the two stages of
+// before). Narrow shape: 25 slots, each box freed once its last reader is done (V columns 0-255:
+// consumer 0's P V; 256-511: consumer 1's; the RoPE box, which holds P: the non-owner's P V), and
+// the producer refills slot by slot.
 //
-// Two shapes (KernelShape below), chosen per call by the number of query rows (launch.cuh):
+// Two shapes (KernelShape below), chosen per call by the number of query rows (launch.cuh), the
+// narrow one only when DecodeParams::sm90_narrow is set (JAX_MLA_SM90_NARROW=1; off by default: on
+// an H100 it was not faster than the wide shape on b64/h16/8K, docs/performance.md 2026-12-05):
 //   wide:   Q of a whole 64-row block (72 KB) + 18 slots, i.e. two whole tiles, as the two stages
 //           of the kernel before the box ring;
 //   narrow: rows <= 16 (e.g. h_q = 16, s_q = 1: DeepSeek-V3 at TP 8). Q keeps its 16 rows only

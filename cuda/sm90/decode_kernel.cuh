@@ -19,9 +19,11 @@
 //                        (wgmma_wait<1>), releases its boxes of tile g, then issues S's other eight boxes.
 // So each consumer's wgmma stream is S_g, PV_g (own), PV_{g+1} (other's), S_{g+2}, ... and while one
 // consumer runs its softmax the tensor cores work on the other one's wgmmas. Each consumer hands
-// back the boxes whose last reader it is as soon as its P V of the tile completed: its four V
-// boxes, and the RoPE box (which holds P) if it is not the owner. The producer refills the ring
-// slot by slot, so the next tiles' first boxes load while the last ones of tile g are still read.
+// back tile g as soon as its P V of the tile completed: in the wide shape the ring holds two whole
+// tiles and tile g's position goes back once both consumers are done with it (the stage ring of
+// before, same code); in the narrow shape each consumer hands back the boxes whose last reader it
+// is (its four V boxes, and the RoPE box, which holds P, if it is not the owner) and the producer
+// refills the ring slot by slot.
 // In the narrow shape a consumer's four V boxes may wrap around the end of the ring, so its P V
 // runs box by box (m64n64k16) instead of as one m64n256k16 over the four.
 // Both consumers run the same code (roles follow from g), with warp-uniform branches only, which
@@ -189,13 +191,19 @@ __device__ __forceinline__ void zero_dead_v_rows(SharedStorage<Element, Shape>& 
   }
 }
 
-// Hands back the boxes of tile t whose last reader this consumer is, once its P V of t completed:
-// its four V boxes, and the RoPE box (P) when the other consumer owns t. One elected thread.
+// This consumer is done with tile t (its P V of t completed). Whole-tile ring (wide shape): one
+// arrival; the tile's position frees when both consumers arrived. Box-by-box ring (narrow): the
+// boxes whose last reader this consumer is: its four V boxes, and the RoPE box (P) when the other
+// consumer owns t. One elected thread.
 template <typename Shape>
 __device__ __forceinline__ void release_tile(const BoxRingConsumer<Shape::kNumSlots>& kv, const TileCursor<Shape>& t,
                                              int consumer) {
-  kv.release_boxes(t.slots, v_box0(consumer), kVBoxesPerConsumer);
-  if (t.owner != consumer) kv.release_boxes(t.slots, kKvRopeBox, 1);
+  if constexpr (kWholeTileRing<Shape::kNumSlots>) {
+    kv.release_tile(t.slots);
+  } else {
+    kv.template release_boxes<kVBoxesPerConsumer>(t.slots, v_box0(consumer));
+    if (t.owner != consumer) kv.template release_boxes<1>(t.slots, kKvRopeBox);
+  }
 }
 
 __device__ __forceinline__ void rescale_o(float (&o)[128], const float (&alpha)[2]) {
@@ -462,12 +470,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // every tile's loads (kv_producer.cuh). Launched without a cluster, this is a cluster of one.
   // With p.cluster_shares_tiles off the cluster only co-locates the row blocks, and each CTA
   // runs as a cluster of one.
-  const int cluster_size = p.cluster_shares_tiles ? static_cast<int>(ptx::cluster_nctarank()) : 1;
-  const int cta_rank = p.cluster_shares_tiles ? static_cast<int>(ptx::cluster_ctarank()) : 0;
+  // The narrow shape has one row block, so it never runs as a cluster (launch_shape): a constant 1
+  // drops the cluster paths from its code.
+  const bool shares = p.cluster_shares_tiles && !Shape::kNarrow;
+  const int cluster_size = shares ? static_cast<int>(ptx::cluster_nctarank()) : 1;
+  const int cta_rank = shares ? static_cast<int>(ptx::cluster_ctarank()) : 0;
   if (threadIdx.x == 0) {
     ptx::prefetch_tensor_map(&q_map);
     ptx::prefetch_tensor_map(&kv_map);
-    s.kv_bars.init(cluster_size);
+    s.kv_bars.init(kNumConsumers, cluster_size);
     ptx::mbarrier_init(&s.q_full, 1);
     ptx::mbarrier_init(&s.q_empty, kNumConsumers);
     ptx::fence_barrier_init();

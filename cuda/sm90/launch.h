@@ -13,7 +13,8 @@ namespace jax_mla::sm90 {
 // cuda_handler.cu, JAX_MLA_SM90_CLUSTER).
 inline constexpr int kClusterRowBlocks = 2;
 
-// Requests of at most this many query rows run the narrow shape (config.h) when p.sm90_narrow.
+// Requests of at most this many query rows run the narrow shape (config.h) when p.sm90_narrow
+// (off unless JAX_MLA_SM90_NARROW=1).
 inline constexpr int kNarrowMaxRows = 16;
 inline bool uses_narrow_shape(const DecodeParams& p) { return p.sm90_narrow && p.rows <= kNarrowMaxRows; }
 
