@@ -27,10 +27,10 @@ enum TraceEvent : uint32_t {
   kTrPReady = 6,       // non-owner: the P-ready barrier passed
   kTrPvOtherIssued = 7,  // non-owner: its P V issued
   kTrPvDone = 8,       // consumer: its P V of the previous tile completed (wait returned)
-  kTrReleased = 9,     // consumer: it arrived on a stage's empty barrier
+  kTrReleased = 9,     // consumer: it released a tile (its boxes; wide shape: its share of the tile's position)
   kTrPieceEnd = 10,    // consumer: epilogue stored
   kTrLastBoxReady = 11,  // consumer: the wait on the last (RoPE) box of a tile's S returned
-  kTrAcquired = 16,    // producer: a stage became free
+  kTrAcquired = 16,    // producer: the slot of a tile's box 0 became free (wide shape: the whole tile's)
   kTrLoadIssued = 17,  // producer: all TMA copies of a tile issued
   kTrCtaEntry = 18,    // CTA role: the kernel's first instruction (thread 0)
   kTrDepReady = 19,    // CTA role: grid_dependency_wait returned (the earlier kernel's memory is visible)
