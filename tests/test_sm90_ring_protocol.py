@@ -1,0 +1,219 @@
+"""A CPU model of the SM90 kernel's KV ring protocol (cuda/common/kv_producer.cuh, box ring, and the
+seesaw consumers of cuda/sm90/decode_kernel.cuh), run under random interleavings.
+
+The model follows consumer_main step for step: which boxes each consumer waits for, when its wgmma
+reads of a box begin and end (S from issue to the owner's wait before the softmax, P V from issue to
+the wgmma wait before the release), which boxes each consumer releases and when, the P-ready named
+barrier between the owner and the other consumer, and the piece boundaries (the producer loads the
+next piece only after both consumers arrived on q_empty). The producer loads box by box, each once
+its slot's previous box was released: by its last reader (box-by-box ring) or, when whole tiles fill
+the ring, once both consumers released the previous tile at that position.
+
+Checked, for every ring size a kernel could use: no deadlock; no slot overwritten while a wgmma may
+still read it; no box released twice or by the wrong consumer; the P-ready barrier of an owner is
+never arrived on again before the other consumer passed it for the previous tile (its arrival count
+would complete without the other consumer). A deliberately broken protocol must fail these checks,
+so the model can tell a wrong release from a right one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import pytest
+
+BOXES = 9
+ROPE = 8
+V_BOXES = {0: range(0, 4), 1: range(4, 8)}
+
+
+class ProtocolError(AssertionError):
+    pass
+
+
+def owner(g):
+    return g % 2
+
+
+def releases(c, g):
+    """Boxes of tile g that consumer c releases in a box-by-box ring (decode_kernel.cuh release_tile)."""
+    return list(V_BOXES[c]) + ([ROPE] if owner(g) != c else [])
+
+
+class Model:
+    def __init__(self, num_slots, whole, pieces, releaser=releases, release_before_pv_wait=False):
+        self.n, self.whole, self.pieces, self.releaser = num_slots, whole, pieces, releaser
+        self.early = release_before_pv_wait  # a broken protocol, for the model's own test
+        self.content = [None] * num_slots  # (g, b) last loaded into each slot
+        self.reads = defaultdict(set)      # slot -> active wgmma reads {(consumer, kind, g, b)}
+        self.released = {}                 # (g, b) -> releasing consumer (box mode)
+        self.tile_releases = defaultdict(int)  # g -> consumers that released it (whole mode)
+        self.p_ready = set()               # tiles whose owner arrived on its P-ready barrier
+        self.p_passed = set()              # tiles whose P-ready barrier the other consumer passed
+        self.q_empty = defaultdict(int)    # piece -> consumers done with it
+        self.q_loaded = set()              # pieces whose Q the producer loaded
+
+    def slot(self, g, b):
+        return (BOXES * g + b) % self.n
+
+    # ---- the producer (produce_part + BoxRingProducer) -------------------------------------
+    def producer(self):
+        g = 0
+        for k, length in enumerate(self.pieces):
+            if k > 0:
+                yield lambda k=k: self.q_empty[k - 1] == 2
+            self.q_loaded.add(k)
+            for t in range(g, g + length):
+                for b in range(BOXES):
+                    prev = BOXES * t + b - self.n  # the box that last held this slot
+                    if prev >= 0:
+                        pg, pb = divmod(prev, BOXES)
+                        if self.whole:
+                            yield lambda pg=pg: self.tile_releases[pg] == 2
+                        else:
+                            yield lambda pg=pg, pb=pb: (pg, pb) in self.released
+                    s = self.slot(t, b)
+                    if self.reads[s]:
+                        raise ProtocolError(f"tile {t} box {b} loaded into slot {s} while read by {self.reads[s]}")
+                    self.content[s] = (t, b)
+            g += length
+
+    # ---- a consumer (consumer_main) -----------------------------------------------------------
+    def landed(self, g, b):
+        return self.content[self.slot(g, b)] == (g, b)
+
+    def start_read(self, c, kind, g, boxes):
+        for b in boxes:
+            if not self.landed(g, b):
+                raise ProtocolError(f"consumer {c} {kind} reads tile {g} box {b} before it landed")
+            self.reads[self.slot(g, b)].add((c, kind, g, b))
+
+    def end_read(self, c, kind, g, boxes):
+        for b in boxes:
+            self.reads[self.slot(g, b)].discard((c, kind, g, b))
+
+    def issue_s(self, c, g, boxes):
+        for b in boxes:  # issue_scores: wait_box, then the box's wgmmas
+            yield lambda b=b: self.landed(g, b)
+            self.start_read(c, "S", g, [b])
+
+    def pv_boxes(self, c, g):
+        return list(V_BOXES[c]) + ([] if owner(g) == c else [ROPE])  # the other's P V reads P in the RoPE box
+
+    def release(self, c, g, mark=True):
+        self.end_read(c, "PV", g, self.pv_boxes(c, g))  # wgmma_wait before the release
+        if mark:
+            self.mark_released(c, g)
+
+    def mark_released(self, c, g):
+        if self.whole:
+            self.tile_releases[g] += 1
+            return
+        for b in self.releaser(c, g):
+            if (g, b) in self.released:
+                raise ProtocolError(f"tile {g} box {b} released twice")
+            if c != (b // 4 if b < ROPE else 1 - owner(g)):
+                raise ProtocolError(f"tile {g} box {b} released by consumer {c}, not by its last reader")
+            self.released[(g, b)] = c
+
+    def consumer(self, c):
+        g0 = 0
+        for k, length in enumerate(self.pieces):
+            end = g0 + length
+            yield lambda k=k: k in self.q_loaded  # q_full
+            pending = None
+            if owner(g0) == c:
+                yield from self.issue_s(c, g0, range(BOXES))
+            for t in range(g0, end):
+                if owner(t) == c:
+                    if pending is not None:
+                        self.release(c, pending)
+                        pending = None
+                    self.end_read(c, "S", t, range(BOXES))  # wgmma_wait<0>: S done
+                    if t - 2 >= g0 and (t - 2) not in self.p_passed:
+                        raise ProtocolError(f"owner {c} arrives on P-ready for tile {t} before tile {t - 2}'s was passed")
+                    self.p_ready.add(t)  # softmax, P into the RoPE box, bar.arrive
+                    self.start_read(c, "PV", t, self.pv_boxes(c, t))
+                    pending = t
+                else:
+                    if pending is not None:  # our own P V of the previous tile done
+                        self.release(c, pending)
+                        pending = None
+                    yield lambda t=t: t in self.p_ready  # bar.sync on the owner's P-ready
+                    self.p_passed.add(t)
+                    self.start_read(c, "PV", t, self.pv_boxes(c, t))
+                    if t + 1 < end:
+                        if self.early:
+                            self.mark_released(c, t)
+                        yield from self.issue_s(c, t + 1, [0])  # S's first box behind the P V
+                        self.release(c, t, mark=not self.early)  # wgmma_wait<1>, release
+                        yield from self.issue_s(c, t + 1, range(1, BOXES))
+                        continue
+                    pending = t
+            self.release(c, pending)
+            self.q_empty[k] += 1
+            g0 = end
+
+    def run(self, seed):
+        rng = random.Random(seed)
+        actors = [self.producer(), self.consumer(0), self.consumer(1)]
+        waits = [next(a, None) for a in actors]
+        live = [w is not None for w in waits]
+        while any(live):
+            ready = [i for i, w in enumerate(waits) if live[i] and w()]
+            if not ready:
+                raise ProtocolError(f"deadlock (producer, consumer 0, consumer 1 alive: {live})")
+            i = rng.choice(ready)
+            try:
+                waits[i] = next(actors[i])
+            except StopIteration:
+                live[i] = False
+        total = sum(self.pieces)
+        if self.whole:
+            assert all(self.tile_releases[g] == 2 for g in range(total))
+        else:
+            assert len(self.released) == total * BOXES, "every box of every tile released once"
+
+
+def random_pieces(rng):
+    return [rng.choice([1, 1, 2, 3, 5, 8, 13]) for _ in range(rng.randint(1, 6))]
+
+
+# (slots, whole-tile release): the wide shape (18, per tile), the narrow shape (25, per box), and
+# every other size a box-by-box ring could take, 18 with box-by-box release (938e186) included.
+RINGS = [(18, True), (27, True)] + [(n, False) for n in range(18, 28)]
+
+
+@pytest.mark.parametrize("num_slots,whole", RINGS, ids=[f"{n}-{'tile' if w else 'box'}" for n, w in RINGS])
+def test_ring_protocol_under_random_interleavings(num_slots, whole):
+    rng = random.Random(num_slots * 2 + whole)
+    for trial in range(60):
+        Model(num_slots, whole, random_pieces(rng)).run(seed=trial)
+
+
+@pytest.mark.parametrize("num_slots", [18, 25])
+def test_the_model_catches_a_release_before_the_pv_completed(num_slots):
+    """Releasing a tile before waiting for one's own P V of it lets the producer overwrite a box that
+    wgmma still reads: some interleaving must show it."""
+    with pytest.raises(ProtocolError, match="while read by"):
+        for trial in range(200):
+            Model(num_slots, False, [13, 8], release_before_pv_wait=True).run(seed=trial)
+
+
+def test_the_model_catches_a_wrong_releaser():
+    """The owner releasing the RoPE box, whose last reader is the other consumer's P V."""
+
+    def owner_releases_rope(c, g):
+        return list(V_BOXES[c]) + ([ROPE] if owner(g) == c else [])
+
+    with pytest.raises(ProtocolError, match="not by its last reader"):
+        Model(25, False, [5], releaser=owner_releases_rope).run(seed=0)
+
+
+def test_the_model_catches_a_ring_of_one_tile():
+    """The seesaw has the next tile's S waiting while the current tile is still read: a ring of a
+    single tile must deadlock."""
+    with pytest.raises(ProtocolError, match="deadlock"):
+        for trial in range(50):
+            Model(9, False, [8]).run(seed=trial)
