@@ -6,8 +6,9 @@ reads of a box begin and end (S from issue to the owner's wait before the softma
 the wgmma wait before the release), which boxes each consumer releases and when, the P-ready named
 barrier between the owner and the other consumer, and the piece boundaries (the producer loads the
 next piece only after both consumers arrived on q_empty). The producer loads box by box, each once
-its slot's previous box was released: by its last reader (box-by-box ring) or, when whole tiles fill
-the ring, once both consumers released the previous tile at that position.
+the box that last held its slot was released: per tile (both consumers done with that tile: the
+wide shape's ring, and the tile-done barriers of docs/experiments/2026-12-05-sm90-box-ring-tile-done.patch
+for any ring size) or box by box (by that box's last reader alone: the narrow shape).
 
 Checked, for every ring size a kernel could use: no deadlock; no slot overwritten while a wgmma may
 still read it; no box released twice or by the wrong consumer; the P-ready barrier of an owner is
@@ -42,13 +43,13 @@ def releases(c, g):
 
 
 class Model:
-    def __init__(self, num_slots, whole, pieces, releaser=releases, release_before_pv_wait=False):
-        self.n, self.whole, self.pieces, self.releaser = num_slots, whole, pieces, releaser
+    def __init__(self, num_slots, per_tile, pieces, releaser=releases, release_before_pv_wait=False):
+        self.n, self.whole, self.pieces, self.releaser = num_slots, per_tile, pieces, releaser
         self.early = release_before_pv_wait  # a broken protocol, for the model's own test
         self.content = [None] * num_slots  # (g, b) last loaded into each slot
         self.reads = defaultdict(set)      # slot -> active wgmma reads {(consumer, kind, g, b)}
         self.released = {}                 # (g, b) -> releasing consumer (box mode)
-        self.tile_releases = defaultdict(int)  # g -> consumers that released it (whole mode)
+        self.tile_releases = defaultdict(int)  # g -> consumers that released it (per-tile mode)
         self.p_ready = set()               # tiles whose owner arrived on its P-ready barrier
         self.p_passed = set()              # tiles whose P-ready barrier the other consumer passed
         self.q_empty = defaultdict(int)    # piece -> consumers done with it
@@ -180,25 +181,25 @@ def random_pieces(rng):
     return [rng.choice([1, 1, 2, 3, 5, 8, 13]) for _ in range(rng.randint(1, 6))]
 
 
-# (slots, whole-tile release): the wide shape (18, per tile), the narrow shape (25, per box), and
-# every other size a box-by-box ring could take, 18 with box-by-box release (938e186) included.
-RINGS = [(18, True), (27, True)] + [(n, False) for n in range(18, 28)]
+# (slots, release per tile): every ring size from the wide shape's 18 to 27, released per tile (the
+# wide shape at 18; the tile-done patch at any size) and box by box (the narrow shape at 25).
+RINGS = [(n, per_tile) for n in range(18, 28) for per_tile in (True, False)]
 
 
-@pytest.mark.parametrize("num_slots,whole", RINGS, ids=[f"{n}-{'tile' if w else 'box'}" for n, w in RINGS])
-def test_ring_protocol_under_random_interleavings(num_slots, whole):
-    rng = random.Random(num_slots * 2 + whole)
+@pytest.mark.parametrize("num_slots,per_tile", RINGS, ids=[f"{n}-{'tile' if t else 'box'}" for n, t in RINGS])
+def test_ring_protocol_under_random_interleavings(num_slots, per_tile):
+    rng = random.Random(num_slots * 2 + per_tile)
     for trial in range(60):
-        Model(num_slots, whole, random_pieces(rng)).run(seed=trial)
+        Model(num_slots, per_tile, random_pieces(rng)).run(seed=trial)
 
 
-@pytest.mark.parametrize("num_slots", [18, 25])
-def test_the_model_catches_a_release_before_the_pv_completed(num_slots):
+@pytest.mark.parametrize("num_slots,per_tile", [(18, True), (25, True), (18, False), (25, False)])
+def test_the_model_catches_a_release_before_the_pv_completed(num_slots, per_tile):
     """Releasing a tile before waiting for one's own P V of it lets the producer overwrite a box that
     wgmma still reads: some interleaving must show it."""
     with pytest.raises(ProtocolError, match="while read by"):
         for trial in range(200):
-            Model(num_slots, False, [13, 8], release_before_pv_wait=True).run(seed=trial)
+            Model(num_slots, per_tile, [13, 8], release_before_pv_wait=True).run(seed=trial)
 
 
 def test_the_model_catches_a_wrong_releaser():
@@ -214,6 +215,7 @@ def test_the_model_catches_a_wrong_releaser():
 def test_the_model_catches_a_ring_of_one_tile():
     """The seesaw has the next tile's S waiting while the current tile is still read: a ring of a
     single tile must deadlock."""
-    with pytest.raises(ProtocolError, match="deadlock"):
-        for trial in range(50):
-            Model(9, False, [8]).run(seed=trial)
+    for per_tile in (True, False):
+        with pytest.raises(ProtocolError, match="deadlock"):
+            for trial in range(50):
+                Model(9, per_tile, [8]).run(seed=trial)
