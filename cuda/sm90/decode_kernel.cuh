@@ -133,7 +133,7 @@ __device__ __forceinline__ void issue_pv(SharedStorage<Element, Shape>& s, const
   const uint32_t p_base = slot_addr(s, t, kKvRopeBox);
   fence_operands(o);
   wgmma_fence();
-  if constexpr (Shape::kNumSlots % kKvBoxesQK == 0) {
+  if constexpr (kWholeTileRing<Shape::kNumSlots>) {
     const uint32_t v_base = slot_addr(s, t, b0);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
