@@ -67,7 +67,8 @@ struct KernelShape {
   static constexpr int kQBoxElems = kQRows * kKvBoxCols;  // (kQRows, 64)
   static constexpr bool kNarrow = kQRows < kBlockM;
   static_assert(kQRows == kBlockM || kQRows == 16, "Q is a whole row block or the narrow 16 rows");
-  static_assert(kNumSlots >= 2 * kKvBoxesQK, "the seesaw has two tiles in progress at once");
+  // The seesaw has two tiles in progress at once; tests/test_sm90_ring_protocol.py checks 18-27 slots.
+  static_assert(kNumSlots >= 2 * kKvBoxesQK, "ring sizes below two tiles are not covered by the protocol model");
 };
 using WideShape = KernelShape<kBlockM, 2 * kKvBoxesQK>;  // 72 KB of Q + 2 x 72 KB of KV
 using NarrowShape = KernelShape<16, 25>;                  // 18 KB of Q + 25 x 8 KB of KV
