@@ -26,6 +26,13 @@
 // time per tile is then the hold plus the release-to-landed latency of a reload, which the decode
 // kernel's event trace measured at ~5000 clocks (acquire -> last box ready) for b128/4K.
 //
+// Copy mode (`copy` = boxes per TMA copy: 1, 3 or 9): the kernels load each tile as 9 copies of one
+// (64, 64) box, each completing its own barrier, so Q K^T can start on box 0; the decode kernel's
+// event trace saw the producer's nine issues take ~2700 clocks while the previous tile's copies were
+// in flight. With copy = 3 or 9 the same bytes come as 3 or 1 copies of a 3-D view of the cache
+// (tensor_map.h make_tensor_map_col_boxes) into the same shared-memory layout: does the SM's load
+// path go faster with fewer, larger copies?
+//
 // Prints, per configuration, the median time of one kernel over `reps` runs, the bytes landed in
 // shared memory per second (the L2 -> SM rate) and the same divided by `share` (what DRAM supplies
 // when the other sharers find each tile in L2). docs/performance.md (fifth session of 2026-12-03,
@@ -34,7 +41,7 @@
 // Build and run on the GPU machine (compile only here):
 //   nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a -I cuda benchmarks/tma_bandwidth.cu cuda/common/tensor_map.cu \
 //        -o /tmp/tma_bandwidth && /tmp/tma_bandwidth            # the default sweep
-//   /tmp/tma_bandwidth WS_MB STAGES SHARE [TILES_PER_CTA] [REPS] [MMA_WGS] [HOLD_CLOCKS]  # one configuration
+//   /tmp/tma_bandwidth WS_MB STAGES SHARE [TILES_PER_CTA] [REPS] [MMA_WGS] [HOLD_CLOCKS] [COPY]  # one configuration
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -150,8 +157,9 @@ __device__ __forceinline__ void contend(uint32_t region, int barrier_id, volatil
 
 template <int kStages>
 __global__ void __launch_bounds__(128 * (1 + kMaxMmaWarpgroups), 1)
-    stream_tiles(const __grid_constant__ CUtensorMap map, int share, uint32_t tiles, uint32_t tiles_per_cta,
-                 const int32_t* tables, uint32_t* sink, unsigned long long* mma_stats, int hold_clocks) {
+    stream_tiles(const __grid_constant__ CUtensorMap map, const __grid_constant__ CUtensorMap col_box_map, int share,
+                 uint32_t tiles, uint32_t tiles_per_cta, const int32_t* tables, uint32_t* sink,
+                 unsigned long long* mma_stats, int hold_clocks, int boxes_per_copy) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   namespace ptx = jax_mla::ptx;
   extern __shared__ uint8_t smem_raw[];
@@ -206,7 +214,23 @@ __global__ void __launch_bounds__(128 * (1 + kMaxMmaWarpgroups), 1)
     if (t >= static_cast<uint32_t>(kStages)) consume();
     const auto source = producer.locate_tile(kv, static_cast<int>(t) * kBlockN);
     producer.acquire();
-    producer.load_tile(kv, source);
+    if (boxes_per_copy == 1) {
+      producer.load_tile(kv, source);
+    } else {
+      // Copy mode: box b of a group of boxes_per_copy lands on the group's first box's barrier,
+      // which expects the group's bytes; the other boxes' barriers get a plain arrival, so a
+      // consumer waiting on every box waits for every copy. Pages of 64 tokens: one cache row.
+      uint16_t* dst = producer.stage_ptr(producer.state.stage);
+      for (int box = 0; box < kKvBoxesQK; ++box) {
+        uint64_t* bar = &ring.bars.full[producer.state.stage][box];
+        if (box % boxes_per_copy == 0) {
+          ptx::mbarrier_arrive_expect_tx(bar, boxes_per_copy * jax_mla::kKvBoxBytes);
+          ptx::tma_load_3d(dst + box * kKvBoxElems, &col_box_map, bar, 0, source.rows[0], box);
+        } else {
+          ptx::mbarrier_arrive(bar);
+        }
+      }
+    }
     producer.commit_step();
   }
   for (uint32_t t = 0; t < tiles_per_cta && t < static_cast<uint32_t>(kStages); ++t) consume();
@@ -215,11 +239,48 @@ __global__ void __launch_bounds__(128 * (1 + kMaxMmaWarpgroups), 1)
 #endif
 }
 
+// Layout check of copy mode: tile `row0 / 64` loaded once as 9 copies of the 2-D map and once as
+// 9 / boxes_per_copy copies of the 3-D view, into two regions of shared memory; counts the 16-bit
+// elements that differ (must be 0: the same bytes in the same swizzled places).
+__global__ void check_col_boxes(const __grid_constant__ CUtensorMap map, const __grid_constant__ CUtensorMap col_box_map,
+                                int row0, int boxes_per_copy, unsigned long long* mismatches) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  namespace ptx = jax_mla::ptx;
+  extern __shared__ uint8_t smem_raw[];
+  auto* base = reinterpret_cast<uint16_t*>(ptx::align_dynamic_smem<1024>(smem_raw));
+  uint16_t* a = base;                              // (9 boxes, 64, 64) from the 2-D map
+  uint16_t* b = base + kKvBoxesQK * kKvBoxElems;  // the same from the 3-D view
+  __shared__ uint64_t bar;
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(&bar, 1);
+    ptx::fence_barrier_init();
+    ptx::mbarrier_arrive_expect_tx(&bar, 2 * jax_mla::kKvTileBytes);
+    for (int box = 0; box < kKvBoxesQK; ++box) {
+      ptx::tma_load_2d(a + box * kKvBoxElems, &map, &bar, box * jax_mla::kKvBoxCols, row0);
+      if (box % boxes_per_copy == 0) ptx::tma_load_3d(b + box * kKvBoxElems, &col_box_map, &bar, 0, row0, box);
+    }
+  }
+  __syncthreads();
+  ptx::mbarrier_wait(&bar, 0);
+  unsigned long long bad = 0;
+  for (int i = threadIdx.x; i < kKvBoxesQK * kKvBoxElems; i += blockDim.x) bad += a[i] != b[i];
+  atomicAdd(mismatches, bad);
+#endif
+}
+
+// Fills the buffer with distinct-looking 16-bit values (the sweep itself runs on zeros).
+__global__ void fill_pattern(uint16_t* buf, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    buf[i] = static_cast<uint16_t>((i * 2654435761ull) >> 13);
+  }
+}
+
 struct Result {
   double us, gbps_sm, gbps_unshared, macs_per_clock;
 };
 
-using Kernel = void (*)(CUtensorMap, int, uint32_t, uint32_t, const int32_t*, uint32_t*, unsigned long long*, int);
+using Kernel = void (*)(CUtensorMap, CUtensorMap, int, uint32_t, uint32_t, const int32_t*, uint32_t*, unsigned long long*,
+                        int, int);
 
 Kernel kernel_for(int stages) {
   switch (stages) {
@@ -230,11 +291,13 @@ Kernel kernel_for(int stages) {
 }
 
 Result run(void* buf, uint32_t tiles, int stages, int share, uint32_t tiles_per_cta, int reps, int ctas, int mma,
-           int hold, uint32_t* sink, unsigned long long* mma_stats) {
-  CUtensorMap map;
+           int hold, int copy, uint32_t* sink, unsigned long long* mma_stats) {
+  CUtensorMap map, col_box_map;
   const char* err = nullptr;
   if (!jax_mla::make_tensor_map_2d(&map, buf, jax_mla::DType::kBF16, uint64_t(tiles) * kBlockN, 576, 576, kBlockN,
-                                   jax_mla::kKvBoxCols, &err)) {
+                                   jax_mla::kKvBoxCols, &err) ||
+      !jax_mla::make_tensor_map_col_boxes(&col_box_map, buf, jax_mla::DType::kBF16, uint64_t(tiles) * kBlockN, 576,
+                                          576, kBlockN, static_cast<uint32_t>(copy), &err)) {
     std::fprintf(stderr, "tensor map: %s\n", err);
     std::exit(1);
   }
@@ -259,7 +322,8 @@ Result run(void* buf, uint32_t tiles, int stages, int share, uint32_t tiles_per_
   for (int r = 0; r < reps + 2; ++r) {  // 2 warm-up runs (the first also fills L2 for small sets)
     CHECK_CUDA(cudaMemset(mma_stats, 0, 2 * sizeof(unsigned long long)));
     CHECK_CUDA(cudaEventRecord(a));
-    kernel<<<ctas, 128 * (1 + mma), smem>>>(map, share, tiles, tiles_per_cta, tables, sink, mma_stats, hold);
+    kernel<<<ctas, 128 * (1 + mma), smem>>>(map, col_box_map, share, tiles, tiles_per_cta, tables, sink, mma_stats, hold,
+                                            copy);
     CHECK_CUDA(cudaEventRecord(b));
     CHECK_CUDA(cudaEventSynchronize(b));
     CHECK_CUDA(cudaGetLastError());
@@ -300,9 +364,40 @@ int main(int argc, char** argv) {
   unsigned long long* mma_stats = nullptr;  // (MACs, clocks) summed over contention warpgroups
   CHECK_CUDA(cudaMalloc(&mma_stats, 2 * sizeof(unsigned long long)));
 
+  // Copy mode lands the same bytes in the same places as the kernels' 9 copies: checked on a
+  // patterned buffer (tile 5) before the sweep.
+  {
+    const uint32_t tiles = 64;
+    fill_pattern<<<264, 256>>>(static_cast<uint16_t*>(buf), size_t(tiles) * kBlockN * 576);
+    CHECK_CUDA(cudaGetLastError());
+    const int smem = 2 * jax_mla::kKvTileBytes + 1024;
+    CHECK_CUDA(cudaFuncSetAttribute(check_col_boxes, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    for (int copy : {3, 9}) {
+      CUtensorMap map, col_box_map;
+      const char* err = nullptr;
+      if (!jax_mla::make_tensor_map_2d(&map, buf, jax_mla::DType::kBF16, uint64_t(tiles) * kBlockN, 576, 576, kBlockN,
+                                       jax_mla::kKvBoxCols, &err) ||
+          !jax_mla::make_tensor_map_col_boxes(&col_box_map, buf, jax_mla::DType::kBF16, uint64_t(tiles) * kBlockN, 576,
+                                              576, kBlockN, static_cast<uint32_t>(copy), &err)) {
+        std::fprintf(stderr, "tensor map: %s\n", err);
+        return 1;
+      }
+      CHECK_CUDA(cudaMemset(mma_stats, 0, sizeof(unsigned long long)));
+      check_col_boxes<<<1, 128, smem>>>(map, col_box_map, 5 * kBlockN, copy, mma_stats);
+      CHECK_CUDA(cudaDeviceSynchronize());
+      unsigned long long bad = 0;
+      CHECK_CUDA(cudaMemcpy(&bad, mma_stats, sizeof(bad), cudaMemcpyDeviceToHost));
+      std::printf("# layout check, copy %d: %llu of %d elements differ from the 9 two-dimensional copies\n", copy, bad,
+                  kKvBoxesQK * kKvBoxElems);
+      if (bad != 0) return 1;
+    }
+    CHECK_CUDA(cudaMemset(buf, 0, max_ws_mb << 20));
+  }
+
   struct Config {
     uint64_t ws_mb;
     int stages, share, mma, hold;
+    int copy = 1;  // boxes per TMA copy
   };
   std::vector<Config> configs;
   // 132 groups x 240 tiles < the 32768 tiles of the 4 GB set: from DRAM, no group re-reads a tile
@@ -311,7 +406,8 @@ int main(int argc, char** argv) {
   int reps = 5;
   if (argc >= 4) {
     configs.push_back({std::strtoull(argv[1], nullptr, 10), std::atoi(argv[2]), std::atoi(argv[3]),
-                       argc >= 7 ? std::atoi(argv[6]) : 0, argc >= 8 ? std::atoi(argv[7]) : 0});
+                       argc >= 7 ? std::atoi(argv[6]) : 0, argc >= 8 ? std::atoi(argv[7]) : 0,
+                       argc >= 9 ? std::atoi(argv[8]) : 1});
     if (argc >= 5) tiles_per_cta = static_cast<uint32_t>(std::atoi(argv[4]));
     if (argc >= 6) reps = std::atoi(argv[5]);
   } else {
@@ -325,24 +421,31 @@ int main(int argc, char** argv) {
     // `hold` clocks after it landed (b128/4K's consumers hold a stage ~2650 clocks; in the kernel a
     // tile then lands every ~3900 clocks). Per tile: the hold plus the release-to-landed latency.
     for (int hold : {1000, 2000, 2650, 3500}) configs.push_back({max_ws_mb, 2, 2, 0, hold});
+    // Fewer, larger copies per tile (copy mode), streaming and with the decode kernel's hold.
+    for (int copy : {3, 9}) {
+      for (int share : {1, 2})
+        for (int stages : {1, 2}) configs.push_back({max_ws_mb, stages, share, 0, 0, copy});
+      configs.push_back({max_ws_mb, 2, 2, 0, 2650, copy});
+    }
   }
   std::printf("# %d SMs, one CTA each; tiles of 64 x 576 bf16 (%d KB) as 9 TMA boxes; %u tiles per CTA\n", sms,
               kKvTileBytes / 1024, tiles_per_cta);
-  std::printf("%8s %7s %6s %4s %6s %10s %14s %14s %10s %12s\n", "ws_MB", "stages", "share", "mma", "hold", "us",
-              "GB/s_into_SMs", "GB/s_unshared", "MAC/clk", "ns_per_tile");
+  std::printf("%8s %7s %6s %4s %6s %5s %10s %14s %14s %10s %12s\n", "ws_MB", "stages", "share", "mma", "hold", "copy",
+              "us", "GB/s_into_SMs", "GB/s_unshared", "MAC/clk", "ns_per_tile");
   for (const Config& c : configs) {
     if (c.stages < 1 || c.stages > kMaxStages || c.share < 1 || c.ws_mb > max_ws_mb || c.mma < 0 ||
-        c.mma > kMaxMmaWarpgroups || (c.mma > 0 && c.stages > 2) || c.hold < 0) {
-      std::fprintf(stderr, "bad configuration (stages 1..%d, share >= 1, ws <= %llu MB, mma 0..%d and only with stages <= 2)\n",
+        c.mma > kMaxMmaWarpgroups || (c.mma > 0 && c.stages > 2) || c.hold < 0 ||
+        (c.copy != 1 && c.copy != 3 && c.copy != 9)) {
+      std::fprintf(stderr, "bad configuration (stages 1..%d, share >= 1, ws <= %llu MB, mma 0..%d and only with stages <= 2, copy 1, 3 or 9)\n",
                    kMaxStages, static_cast<unsigned long long>(max_ws_mb), kMaxMmaWarpgroups);
       return 2;
     }
     // A power of two of tiles that fits the working set.
     uint32_t tiles = 1;
     while (uint64_t(tiles) * 2 * kKvTileBytes <= (c.ws_mb << 20)) tiles *= 2;
-    const Result r = run(buf, tiles, c.stages, c.share, tiles_per_cta, reps, sms, c.mma, c.hold, sink, mma_stats);
-    std::printf("%8llu %7d %6d %4d %6d %10.1f %14.0f %14.0f %10.0f %12.0f\n", static_cast<unsigned long long>(c.ws_mb),
-                c.stages, c.share, c.mma, c.hold, r.us, r.gbps_sm, r.gbps_unshared, r.macs_per_clock,
+    const Result r = run(buf, tiles, c.stages, c.share, tiles_per_cta, reps, sms, c.mma, c.hold, c.copy, sink, mma_stats);
+    std::printf("%8llu %7d %6d %4d %6d %5d %10.1f %14.0f %14.0f %10.0f %12.0f\n", static_cast<unsigned long long>(c.ws_mb),
+                c.stages, c.share, c.mma, c.hold, c.copy, r.us, r.gbps_sm, r.gbps_unshared, r.macs_per_clock,
                 r.us * 1e3 / tiles_per_cta);
   }
   CHECK_CUDA(cudaFree(buf));

@@ -27,6 +27,9 @@ SMALL = [
     # every class of the combine list in one call: ~47 splits (one CTA per row slice, shared-memory
     # reduction), 2 splits (one warp per row), empty
     cases.Case(lens=(3000, 0, 70), s_q=2, h_q=16, page_size=64, causal=True, seed=4),
+    # 16 rows from s_q = 2 x h_q = 8, causal, small pages: the SM90 narrow shape when
+    # JAX_MLA_SM90_NARROW=1 (its 25-slot ring wraps within the first three tiles)
+    cases.Case(lens=(700, 33), s_q=2, h_q=8, page_size=32, causal=True, seed=5),
 ]
 
 

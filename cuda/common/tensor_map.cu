@@ -44,4 +44,24 @@ bool make_tensor_map_2d(CUtensorMap* map, const void* base, DType dtype, uint64_
   return true;
 }
 
+bool make_tensor_map_col_boxes(CUtensorMap* map, const void* base, DType dtype, uint64_t rows, uint64_t cols,
+                               uint64_t row_stride_elems, uint32_t box_rows, uint32_t boxes, const char** error) {
+  auto fn = encode_fn(error);
+  if (!fn) return false;
+  const cuuint64_t dims[3] = {64, rows, cols / 64};               // innermost first
+  const cuuint64_t strides[2] = {row_stride_elems * 2, 64 * 2};  // bytes, for dimensions 1 and 2
+  const cuuint32_t box[3] = {64, box_rows, boxes};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUtensorMapDataType type =
+      dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r = fn(map, type, 3, const_cast<void*>(base), dims, strides, box, elem_strides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    *error = "cuTensorMapEncodeTiled rejected the 3-D column-box view (stride order, alignment or size)";
+    return false;
+  }
+  return true;
+}
+
 }  // namespace jax_mla

@@ -17,4 +17,13 @@ namespace jax_mla {
 bool make_tensor_map_2d(CUtensorMap* map, const void* base, DType dtype, uint64_t rows, uint64_t cols,
                         uint64_t row_stride_elems, uint32_t box_rows, uint32_t box_cols, const char** error);
 
+// The same (rows, cols) matrix seen as 3-D (64 columns, rows, cols / 64 column boxes), so that one
+// copy of box (64, box_rows, boxes) lands `boxes` consecutive column boxes of box_rows rows each,
+// in shared memory exactly as that many 2-D copies of (box_rows, 64) would lay them out one after
+// the other (dimension 0 fastest, then the rows, then the box index), with the 128-byte swizzle.
+// The column-box dimension has the smallest stride (128 bytes): TMA takes dimensions in any
+// stride order. Used by benchmarks/tma_bandwidth.cu to measure fewer, larger copies per tile.
+bool make_tensor_map_col_boxes(CUtensorMap* map, const void* base, DType dtype, uint64_t rows, uint64_t cols,
+                               uint64_t row_stride_elems, uint32_t box_rows, uint32_t boxes, const char** error);
+
 }  // namespace jax_mla
