@@ -29,6 +29,10 @@ inline constexpr int kBlockN = 64;
 // Query rows (s_q * h_q folded) handled by one CTA / one CPU task.
 inline constexpr int kBlockM = 64;
 
+// Boxes of 64 columns per TMA copy when a KV tile is loaded as grouped copies (SM90's wide shape
+// with DecodeParams::sm90_grouped_copies; cuda/common/kv_producer.cuh).
+inline constexpr int kBoxesPerGroup = 3;
+
 // Fixed cost of one split in units of kBlockN-token blocks: the per-split prologue
 // (loading Q, filling the pipeline) and the combine work it causes. The scheduler adds
 // it to every request so that many short requests are not packed onto a single part.

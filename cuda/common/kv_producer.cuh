@@ -314,6 +314,15 @@ struct KVConsumer {
 template <int kNumSlots>
 inline constexpr bool kWholeTileRing = kNumSlots % kKvBoxesQK == 0;
 
+// Grouped copies (whole-tile rings, pages of >= 64 tokens, no cluster): a tile's 9 boxes come as
+// 3 copies of 3 boxes each through the cache's column-box view (tensor_map.h
+// make_tensor_map_col_boxes), each completing the barrier of its first box's slot; consumers then
+// wait on that barrier for each of the 3 boxes. benchmarks/tma_bandwidth.cu (copy mode, H100,
+// 2026-12-05): with the decode kernel's hold of a stage, 3 copies per tile land a tile every
+// 2043 ns per SM against 2204 ns for 9 copies. (kBoxesPerGroup is in config.h: the host builds
+// the tensor map.)
+static_assert(kKvBoxesQK % kBoxesPerGroup == 0);
+
 // The barriers of a box ring; lives in shared memory.
 template <int kNumSlots>
 struct BoxRingBarriers {
@@ -372,6 +381,10 @@ struct BoxRingProducer {
   int cluster_size = 1;  // CTAs sharing every tile (1, 2, ...)
   KvL2Hint l2_hint = KvL2Hint::kNone;
   uint64_t l2_policy = 0;
+  // Grouped copies (see kBoxesPerGroup) when set: the column-box view of the cache, box
+  // (64, 64, kBoxesPerGroup). Only for whole-tile rings, pages of >= 64 tokens and no cluster; the
+  // consumers must be told (BoxRingConsumer::grouped).
+  const CUtensorMap* group_map = nullptr;
 
   __device__ __forceinline__ void set_l2_hint(KvL2Hint hint) {
     l2_hint = hint;
@@ -389,6 +402,24 @@ struct BoxRingProducer {
   __device__ __forceinline__ void acquire() const { acquire_box(0); }
   // Issues the tile's copies box by box, each once its slot is free (box 0's slot: acquire()).
   __device__ __forceinline__ void load_tile(const PagedKV& kv, const TileSource& t) {
+    if constexpr (kWholeTileRing<kNumSlots>) {
+      if (group_map != nullptr) {
+        // One cache row per tile (pages of >= 64 tokens); the slots of a tile are consecutive.
+#pragma unroll 1
+        for (int box = 0; box < kKvBoxesQK; box += kBoxesPerGroup) {
+          const int slot = tile.slot(box);
+          uint64_t* bar = &bars->full[slot];
+          ptx::mbarrier_arrive_expect_tx(bar, kBoxesPerGroup * kKvBoxBytes);
+          Element* dst = smem + static_cast<size_t>(slot) * kKvBoxElems;
+          if (l2_hint == KvL2Hint::kNone) {
+            ptx::tma_load_3d(dst, group_map, bar, 0, t.rows[0], box);
+          } else {
+            ptx::tma_load_3d_hint(dst, group_map, bar, 0, t.rows[0], box, l2_policy);
+          }
+        }
+        return;
+      }
+    }
 #pragma unroll 1
     for (int box = 0; box < kKvBoxesQK; ++box) {
       if (!kWholeTileRing<kNumSlots> && box > 0) acquire_box(box);
@@ -408,9 +439,12 @@ template <int kNumSlots>
 struct BoxRingConsumer {
   BoxRingBarriers<kNumSlots>* bars;
   int cluster_size = 1;  // as the producer's: releases go to every CTA sharing the tiles
+  bool grouped = false;  // the producer loads grouped copies (its group_map is set)
 
   __device__ __forceinline__ void wait_box(const TileSlots<kNumSlots>& t, int box) const {
-    ptx::mbarrier_wait(&bars->full[t.slot(box)], t.phase_of(box));
+    // Grouped copies complete the barrier of the group's first box (whole-tile rings only).
+    const int leader = kWholeTileRing<kNumSlots> && grouped ? box - box % kBoxesPerGroup : box;
+    ptx::mbarrier_wait(&bars->full[t.slot(leader)], t.phase_of(leader));
   }
   // Hands boxes [b0, b0 + kCount) of tile t back to the producer: one elected thread of the boxes'
   // last reader, after its MMAs reading them completed. Box-by-box rings only.

@@ -44,6 +44,10 @@ struct DecodeParams {
   // Q of 16 rows, a deeper KV ring) when set; otherwise every request runs the wide shape. The CUDA
   // handler sets it from JAX_MLA_SM90_NARROW (default off).
   bool sm90_narrow = false;
+  // SM90 wide shape, pages of >= 64 tokens, no cluster: each KV tile as 3 TMA copies of 3 boxes
+  // (kv_producer.cuh kBoxesPerGroup) instead of 9 copies of one box. The CUDA handler sets it from
+  // JAX_MLA_SM90_KV_COPY (group, its default | box).
+  bool sm90_grouped_copies = false;
 
   // Debug builds only (CMake JAX_MLA_SM90_TRACE): the SM90 kernel's event log, see
   // cuda/sm90/trace.cuh; null otherwise.

@@ -115,6 +115,10 @@ struct ProcessEnv {
   // JAX_MLA_SM90_NARROW: 0 (default: every request on the wide shape) | 1 (<= 16 rows on the narrow
   // shape; not faster on an H100, not yet measured on an H200: docs/performance.md, 2026-12-05).
   bool sm90_narrow = false;
+  // JAX_MLA_SM90_KV_COPY: group (default: 3 copies of 3 boxes per KV tile; kv_producer.cuh) | box
+  // (9 copies of one box). On an H100, group was 1.6% faster on b64/h16 in both A/B pairs, level or
+  // 4% faster on b128/4K (docs/performance.md, 2026-12-05, tenth session); not measured on an H200.
+  bool sm90_grouped_copies = true;
 };
 
 const ProcessEnv& process_env() {
@@ -126,7 +130,7 @@ const ProcessEnv& process_env() {
     e.self_check = c ? c : "";
     e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
     // Tuning switches (not semantics): JAX_MLA_SM90_CLUSTER, JAX_MLA_KV_L2_HINT, JAX_MLA_SM90_GRID,
-    // JAX_MLA_SM90_NARROW.
+    // JAX_MLA_SM90_NARROW, JAX_MLA_SM90_KV_COPY.
     const int cluster = env_choice("JAX_MLA_SM90_CLUSTER", {"0", "1", "placement"}, -1);
     if (cluster >= 0) e.sm90_cluster = cluster == 0 ? 0 : 1;
     e.sm90_cluster_placement = cluster == 2;
@@ -136,6 +140,7 @@ const ProcessEnv& process_env() {
     e.row_blocks_adjacent = env_choice("JAX_MLA_SM90_GRID", {"parts_major", "row_blocks_adjacent"},
                                        e.row_blocks_adjacent ? 1 : 0) == 1;
     e.sm90_narrow = env_choice("JAX_MLA_SM90_NARROW", {"0", "1"}, e.sm90_narrow ? 1 : 0) == 1;
+    e.sm90_grouped_copies = env_choice("JAX_MLA_SM90_KV_COPY", {"box", "group"}, e.sm90_grouped_copies ? 1 : 0) == 1;
     return e;
   }();
   return env;
@@ -292,6 +297,7 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   p.row_blocks_adjacent = process_env().row_blocks_adjacent && p.cluster_row_blocks == 1;
   p.cluster_shares_tiles = !process_env().sm90_cluster_placement;
   p.sm90_narrow = process_env().sm90_narrow;
+  p.sm90_grouped_copies = process_env().sm90_grouped_copies;
 #if JAX_MLA_TRACE_BUFFER
   if (device == 0) {
     p.trace = g_trace;

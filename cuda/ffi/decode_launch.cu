@@ -73,10 +73,18 @@ bool make_decode_maps(const DecodeParams& p, int q_box_rows, CUtensorMap* q_map,
 LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedule_scratch, cudaStream_t stream) {
   LaunchStatus st;
   const bool bf16 = p.dtype == DType::kBF16;
-  CUtensorMap q_map, kv_map;
+  CUtensorMap q_map, kv_map, kv_group_map;
   if (kernel == Kernel::kSm90 || kernel == Kernel::kSm100) {
     const int q_box_rows = kernel == Kernel::kSm90 ? sm90::q_box_rows(p) : kBlockM;
     if (!make_decode_maps(p, q_box_rows, &q_map, &kv_map, &st.what)) return st;  // what = the driver's reason
+    // SM90's grouped copies (kv_producer.cuh kBoxesPerGroup): the column-box view, pages of >= 64
+    // tokens only (the kernel uses it only then); otherwise a copy of kv_map stands in, unused.
+    kv_group_map = kv_map;
+    if (kernel == Kernel::kSm90 && p.sm90_grouped_copies && p.page_size >= kBlockN &&
+        !make_tensor_map_col_boxes(&kv_group_map, p.kv_cache, p.dtype, static_cast<uint64_t>(p.num_pages) * p.page_size,
+                                   kHeadDimQK, kHeadDimQK, kBlockN, kBoxesPerGroup, &st.what)) {
+      return st;
+    }
   }
   if (p.schedule == nullptr) {
     if ((st.error = launch_schedule(p.seq_lens, p.batch, p.num_parts, schedule_scratch, stream)) != cudaSuccess) {
@@ -92,8 +100,8 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedu
   switch (kernel) {
     case Kernel::kSm90:
 #ifdef JAX_MLA_HAVE_SM90
-      st.error = bf16 ? sm90::launch_decode<__nv_bfloat16>(p, q_map, kv_map, stream)
-                      : sm90::launch_decode<__half>(p, q_map, kv_map, stream);
+      st.error = bf16 ? sm90::launch_decode<__nv_bfloat16>(p, q_map, kv_map, kv_group_map, stream)
+                      : sm90::launch_decode<__half>(p, q_map, kv_map, kv_group_map, stream);
 #else
       st.error = cudaErrorInvalidDeviceFunction;
 #endif

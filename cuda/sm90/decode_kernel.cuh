@@ -51,9 +51,11 @@ namespace jax_mla::sm90 {
 template <typename Element, typename Shape>
 __device__ __forceinline__ void producer_main(SharedStorage<Element, Shape>& s, const DecodeParams& p,
                                               const CUtensorMap* q_map, const CUtensorMap* kv_map,
-                                              const int32_t* part_info, const int32_t* split_offsets, int m_block,
-                                              int cta_rank, int cluster_size) {
+                                              const CUtensorMap* kv_group_map, const int32_t* part_info,
+                                              const int32_t* split_offsets, int m_block, int cta_rank,
+                                              int cluster_size) {
   BoxRingProducer<Element, Shape::kNumSlots> producer{&s.kv_bars, &s.kv[0][0], {}, cta_rank, cluster_size};
+  producer.group_map = kv_group_map;
   Tracer tr;
   tr.init(p, 0, true);  // this is the producer's one thread
   // A bad block-table entry anywhere in a piece makes the whole request NaN: the flag is per piece
@@ -305,10 +307,10 @@ __device__ __forceinline__ void other_step(SharedStorage<Element, Shape>& s, con
 template <typename Element, typename Shape>
 __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, const DecodeParams& p,
                                               const int32_t* part_info, const int32_t* split_offsets, int m_block,
-                                              int consumer, int cluster_size) {
+                                              int consumer, int cluster_size, bool grouped_copies) {
   const int thread = threadIdx.x % 128;
   const RowCoords rc(thread);
-  const BoxRingConsumer<Shape::kNumSlots> kv{&s.kv_bars, cluster_size};
+  const BoxRingConsumer<Shape::kNumSlots> kv{&s.kv_bars, cluster_size, grouped_copies};
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   const bool elected = thread == 0;
   Tracer tr;
@@ -457,7 +459,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, 
 template <typename Element, typename Shape>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap q_map,
-                  const __grid_constant__ CUtensorMap kv_map) {
+                  const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap kv_group_map) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Trace builds: when this CTA started and when the earlier kernel's memory became visible, in
   // clocks and global-timer ns (launch skew and the PDL wait, which per-role clocks cannot show).
@@ -475,9 +477,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool shares = p.cluster_shares_tiles && !Shape::kNarrow;
   const int cluster_size = shares ? static_cast<int>(ptx::cluster_nctarank()) : 1;
   const int cta_rank = shares ? static_cast<int>(ptx::cluster_ctarank()) : 0;
+  // Grouped copies (kv_producer.cuh kBoxesPerGroup): whole-tile ring (wide shape), one cache row
+  // per tile, no tile sharing. Producer and consumers take the same decision.
+  const bool grouped_copies = p.sm90_grouped_copies && kWholeTileRing<Shape::kNumSlots> && cluster_size == 1 &&
+                              p.page_size >= kBlockN;
   if (threadIdx.x == 0) {
     ptx::prefetch_tensor_map(&q_map);
     ptx::prefetch_tensor_map(&kv_map);
+    if (grouped_copies) ptx::prefetch_tensor_map(&kv_group_map);
     s.kv_bars.init(kNumConsumers, cluster_size);
     ptx::mbarrier_init(&s.q_full, 1);
     ptx::mbarrier_init(&s.q_empty, kNumConsumers);
@@ -505,12 +512,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      producer_main(s, p, &q_map, &kv_map, part_info, split_offsets, m_block, cta_rank, cluster_size);
+      producer_main(s, p, &q_map, &kv_map, grouped_copies ? &kv_group_map : nullptr, part_info, split_offsets, m_block,
+                    cta_rank, cluster_size);
     }
     __syncwarp();
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    consumer_main(s, p, part_info, split_offsets, m_block, warpgroup - 1, cluster_size);
+    consumer_main(s, p, part_info, split_offsets, m_block, warpgroup - 1, cluster_size, grouped_copies);
   }
   // No CTA may exit while a peer can still multicast into its shared memory or arrive on its
   // barriers: every peer has released its last boxes before it gets here.

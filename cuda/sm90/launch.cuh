@@ -44,7 +44,7 @@ int max_active_clusters(int cluster_row_blocks) {
 
 template <typename Element, typename Shape>
 cudaError_t launch_shape(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
-                         cudaStream_t stream) {
+                         const CUtensorMap& kv_group_map, cudaStream_t stream) {
   const int m_blocks = (p.rows + kBlockM - 1) / kBlockM;
   const dim3 grid = p.row_blocks_adjacent ? dim3(m_blocks, p.num_parts) : dim3(p.num_parts, m_blocks);
   cudaLaunchAttribute attrs[2];
@@ -59,14 +59,14 @@ cudaError_t launch_shape(const DecodeParams& p, const CUtensorMap& q_map, const 
     cfg.attrs = attrs;
     cfg.numAttrs = 2;
   }
-  return cudaLaunchKernelEx(&cfg, decode_kernel<Element, Shape>, p, q_map, kv_map);
+  return cudaLaunchKernelEx(&cfg, decode_kernel<Element, Shape>, p, q_map, kv_map, kv_group_map);
 }
 
 template <typename Element>
 cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
-                          cudaStream_t stream) {
-  return uses_narrow_shape(p) ? launch_shape<Element, NarrowShape>(p, q_map, kv_map, stream)
-                              : launch_shape<Element, WideShape>(p, q_map, kv_map, stream);
+                          const CUtensorMap& kv_group_map, cudaStream_t stream) {
+  return uses_narrow_shape(p) ? launch_shape<Element, NarrowShape>(p, q_map, kv_map, kv_group_map, stream)
+                              : launch_shape<Element, WideShape>(p, q_map, kv_map, kv_group_map, stream);
 }
 
 }  // namespace jax_mla::sm90

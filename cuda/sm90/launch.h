@@ -34,9 +34,10 @@ int max_active_clusters(int cluster_row_blocks);
 // (p.num_parts, ceil(p.rows / 64)) with programmatic dependent launch, as clusters of
 // p.cluster_row_blocks row blocks when that divides the row-block count (wide shape only).
 // q_map: (b * rows, 576) box (q_box_rows(p), 64); kv_map: (num_pages * page_size, 576)
-// box (min(page_size, 64), 64).
+// box (min(page_size, 64), 64); kv_group_map: the cache's column-box view with box (64, 64, 3) when
+// p.sm90_grouped_copies and pages of >= 64 tokens (kv_producer.cuh kBoxesPerGroup), else unused.
 template <typename Element>
 cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
-                          cudaStream_t stream);
+                          const CUtensorMap& kv_group_map, cudaStream_t stream);
 
 }  // namespace jax_mla::sm90
