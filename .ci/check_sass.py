@@ -53,7 +53,7 @@ _SPILLS = {"LDL": r"\bLDL\b", "STL": r"\bSTL\b"}
 # (architecture, kernel namespace, decode kernels expected, required instruction patterns, forbidden ones,
 #  required in the build?)
 CHECKS = (
-    ("sm_90a", "sm90", 4, {"HGMMA": r"\bHGMMA\b", "UTMALDG": r"\bUTMALDG\b"}, {}, True),
+    ("sm_90a", "sm90", 6, {"HGMMA": r"\bHGMMA\b", "UTMALDG": r"\bUTMALDG\b"}, {}, True),
     ("sm_100a", "sm100", 2, _SM100, {}, True),
     ("sm_103a", "sm100", 2, _SM100, {}, False),
     ("sm_80", "portable", 2, _PORTABLE, _SPILLS, True),

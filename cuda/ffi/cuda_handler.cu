@@ -115,6 +115,9 @@ struct ProcessEnv {
   // JAX_MLA_SM90_NARROW: 0 (default: every request on the wide shape) | 1 (<= 16 rows on the narrow
   // shape; not faster on an H100, not yet measured on an H200: docs/performance.md, 2026-12-05).
   bool sm90_narrow = false;
+  // JAX_MLA_SM90_NARROW=transposed: the transposed shape for <= 16 rows (cuda/sm90/transposed_kernel.cuh;
+  // written 2026-12-05, not yet run on a GPU).
+  bool sm90_transposed = false;
   // JAX_MLA_SM90_KV_COPY: group (default: 3 copies of 3 boxes per KV tile; kv_producer.cuh) | box
   // (9 copies of one box). On an H100, group was 1.6% faster on b64/h16 in both A/B pairs, level or
   // 4% faster on b128/4K (docs/performance.md, 2026-12-05, tenth session); not measured on an H200.
@@ -139,7 +142,9 @@ const ProcessEnv& process_env() {
     e.kv_l2_hint = static_cast<KvL2Hint>(hint);  // names in KvL2Hint's order
     e.row_blocks_adjacent = env_choice("JAX_MLA_SM90_GRID", {"parts_major", "row_blocks_adjacent"},
                                        e.row_blocks_adjacent ? 1 : 0) == 1;
-    e.sm90_narrow = env_choice("JAX_MLA_SM90_NARROW", {"0", "1"}, e.sm90_narrow ? 1 : 0) == 1;
+    const int narrow = env_choice("JAX_MLA_SM90_NARROW", {"0", "1", "transposed"}, e.sm90_narrow ? 1 : 0);
+    e.sm90_narrow = narrow == 1;
+    e.sm90_transposed = narrow == 2;
     e.sm90_grouped_copies = env_choice("JAX_MLA_SM90_KV_COPY", {"box", "group"}, e.sm90_grouped_copies ? 1 : 0) == 1;
     return e;
   }();
@@ -297,6 +302,7 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   p.row_blocks_adjacent = process_env().row_blocks_adjacent && p.cluster_row_blocks == 1;
   p.cluster_shares_tiles = !process_env().sm90_cluster_placement;
   p.sm90_narrow = process_env().sm90_narrow;
+  p.sm90_transposed = process_env().sm90_transposed;
   p.sm90_grouped_copies = process_env().sm90_grouped_copies;
 #if JAX_MLA_TRACE_BUFFER
   if (device == 0) {

@@ -17,7 +17,9 @@
 // consumer 0's P V; 256-511: consumer 1's; the RoPE box, which holds P: the non-owner's P V), and
 // the producer refills slot by slot.
 //
-// Two shapes (KernelShape below), chosen per call by the number of query rows (launch.cuh), the
+// A third kernel, for <= 16 rows and only with JAX_MLA_SM90_NARROW=transposed, is TransposedShape
+// below (transposed_kernel.cuh). Two shapes (KernelShape below), chosen per call by the number of
+// query rows (launch.cuh), the
 // narrow one only when DecodeParams::sm90_narrow is set (JAX_MLA_SM90_NARROW=1; off by default: on
 // an H100 it was not faster than the wide shape on b64/h16/8K, docs/performance.md 2026-12-05):
 //   wide:   Q of a whole 64-row block (72 KB) + 18 slots, i.e. two whole tiles, as the two stages
@@ -55,6 +57,10 @@ enum ConsumerBarrier : int {
                     // (owner: bar.arrive, the other consumer: bar.sync; 256 threads)
   kBarRowSum = 3,   // softmax denominators published (epilogue; 256 threads)
   kBarConsumer = 4, // + consumer: one consumer's 128 threads (its smem writes before its own wgmma)
+  // Transposed shape (transposed_kernel.cuh):
+  kBarTReduce = 6,    // + consumer: one consumer's 128 threads (cross-warp row reductions, P written)
+  kBarMergeFull = 8,  // consumer 1's O^T, m and l are in smem (consumer 1 arrives, consumer 0 syncs; 256)
+  kBarMergeFree = 9,  // consumer 0 has read them (consumer 0 arrives, consumer 1 syncs; 256)
 };
 
 // Shape of one kernel instantiation.
@@ -87,8 +93,43 @@ struct alignas(1024) SharedStorage {
   int bad_request[2];                                   // set by the producer, per piece parity
 };
 
+// Transposed shape (rows <= 16, only with JAX_MLA_SM90_NARROW=transposed; transposed_kernel.cuh).
+// The consumers compute S^T = K Q^T and O^T = V^T P^T with wgmma m64n16k16 (M = keys, resp. value
+// columns; N = the 16 query rows), so a tile costs the tensor work and the shared-memory reads of
+// 16 rows instead of 64. Each consumer takes whole tiles on its own (tile g: consumer g % 2) with its
+// own O^T (512 x 16: 64 fp32 registers a thread), running max and sums, so the two never wait for
+// each other inside a piece; they merge at the piece's end. The ring holds two whole tiles: tile g
+// in position g % 2, read by consumer g % 2 only, released by it alone.
+struct TransposedShape {
+  static constexpr int kQRows = 16;
+  static constexpr int kNumSlots = 2 * kKvBoxesQK;
+  static constexpr int kQBoxElems = kQRows * kKvBoxCols;  // (16, 64)
+  static constexpr bool kNarrow = true;
+};
+inline constexpr int kTRows = TransposedShape::kQRows;
+inline constexpr int kTRegsO = kHeadDimV * kTRows / 128;  // 64: O^T (512, 16) fp32 per thread
+inline constexpr int kTMergeFloats = kTRegsO + 8;         // O^T, then m and l of the thread's 4 rows
+
+template <typename Element>
+struct alignas(1024) TransposedStorage {
+  Element q[kKvBoxesQK][TransposedShape::kQBoxElems];   // (9 boxes, 16, 64)
+  Element kv[TransposedShape::kNumSlots][kKvBoxElems];  // (slot, BLK_N, 64)
+  Element p[kNumConsumers][kTRows * kBlockN];           // per consumer: P (16 rows, 64 keys), K-major, 128B swizzle
+  float merge[128][kTMergeFloats];                      // consumer 1's per-thread O^T, m, l for consumer 0
+  float reduce[kNumConsumers][4][kTRows];               // per consumer: tile row max, per warp and query row
+  float sum_reduce[4][kTRows];                          // consumer 0's epilogue: row sums, per warp and query row
+  BoxRingBarriers<TransposedShape::kNumSlots> kv_bars;
+  uint64_t q_full;
+  uint64_t q_empty;                                     // consumers done with Q (2 arrivals)
+  int bad_request[2];                                   // set by the producer, per piece parity
+};
+static_assert(kTRows * kBlockN * 2 % 1024 == 0, "P buffers stay 1024-byte aligned (128B swizzle atoms)");
+
 template <typename Element, typename Shape>
 inline constexpr int kSmemBytes = sizeof(SharedStorage<Element, Shape>) + 1024;  // + alignment slack
+template <typename Element>
+inline constexpr int kSmemBytesT = sizeof(TransposedStorage<Element>) + 1024;
+static_assert(kSmemBytesT<uint16_t> <= kSmemOptInLimit, "transposed shape exceeds the 227 KB opt-in limit");
 static_assert(kSmemBytes<uint16_t, WideShape> <= kSmemOptInLimit, "wide shape exceeds the 227 KB opt-in limit");
 static_assert(kSmemBytes<uint16_t, NarrowShape> <= kSmemOptInLimit, "narrow shape exceeds the 227 KB opt-in limit");
 static_assert(kSmemBytes<uint16_t, NarrowShape> + kKvBoxBytes > kSmemOptInLimit, "the narrow ring could take one more slot");

@@ -48,8 +48,10 @@
 
 namespace jax_mla::sm90 {
 
-template <typename Element, typename Shape>
-__device__ __forceinline__ void producer_main(SharedStorage<Element, Shape>& s, const DecodeParams& p,
+// Storage: SharedStorage<Element, Shape> or TransposedStorage<Element> (the fields q, kv, kv_bars,
+// q_full, q_empty, bad_request).
+template <typename Element, typename Shape, typename Storage>
+__device__ __forceinline__ void producer_main(Storage& s, const DecodeParams& p,
                                               const CUtensorMap* q_map, const CUtensorMap* kv_map,
                                               const CUtensorMap* kv_group_map, const int32_t* part_info,
                                               const int32_t* split_offsets, int m_block, int cta_rank,
@@ -512,8 +514,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      producer_main(s, p, &q_map, &kv_map, grouped_copies ? &kv_group_map : nullptr, part_info, split_offsets, m_block,
-                    cta_rank, cluster_size);
+      producer_main<Element, Shape>(s, p, &q_map, &kv_map, grouped_copies ? &kv_group_map : nullptr, part_info,
+                                    split_offsets, m_block, cta_rank, cluster_size);
     }
     __syncwarp();
   } else {

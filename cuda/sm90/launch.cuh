@@ -2,12 +2,14 @@
 #pragma once
 
 #include "decode_kernel.cuh"
+#include "transposed_kernel.cuh"
 #include "../common/launch.h"
 #include "launch.h"
 
 namespace jax_mla::sm90 {
 
 static_assert(NarrowShape::kQRows == kNarrowMaxRows, "launch.h's narrow row limit is the narrow shape's Q rows");
+static_assert(TransposedShape::kQRows == kNarrowMaxRows, "launch.h's row limit is the transposed shape's Q rows");
 
 template <typename Element, typename Shape>
 cudaError_t set_max_smem() {
@@ -18,7 +20,12 @@ cudaError_t set_max_smem() {
 template <typename Element>
 cudaError_t setup_decode() {
   cudaError_t e = set_max_smem<Element, WideShape>();
-  return e == cudaSuccess ? set_max_smem<Element, NarrowShape>() : e;
+  if (e == cudaSuccess) e = set_max_smem<Element, NarrowShape>();
+  if (e == cudaSuccess) {
+    e = cudaFuncSetAttribute(decode_kernel_t<Element>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kSmemBytesT<Element>);
+  }
+  return e;
 }
 
 template <typename Element>
@@ -65,6 +72,13 @@ cudaError_t launch_shape(const DecodeParams& p, const CUtensorMap& q_map, const 
 template <typename Element>
 cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
                           const CUtensorMap& kv_group_map, cudaStream_t stream) {
+  if (uses_transposed_shape(p)) {
+    // One row block, no cluster: grid (1, parts) or (parts, 1) as p.row_blocks_adjacent says.
+    const dim3 grid = p.row_blocks_adjacent ? dim3(1, p.num_parts) : dim3(p.num_parts, 1);
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = pdl_launch_config(grid, dim3(kThreads), kSmemBytesT<Element>, stream, &attr);
+    return cudaLaunchKernelEx(&cfg, decode_kernel_t<Element>, p, q_map, kv_map, kv_group_map);
+  }
   return uses_narrow_shape(p) ? launch_shape<Element, NarrowShape>(p, q_map, kv_map, kv_group_map, stream)
                               : launch_shape<Element, WideShape>(p, q_map, kv_map, kv_group_map, stream);
 }

@@ -17,9 +17,15 @@ inline constexpr int kClusterRowBlocks = 2;
 // (off unless JAX_MLA_SM90_NARROW=1).
 inline constexpr int kNarrowMaxRows = 16;
 inline bool uses_narrow_shape(const DecodeParams& p) { return p.sm90_narrow && p.rows <= kNarrowMaxRows; }
+// The same rows run the transposed shape (config.h TransposedShape) when p.sm90_transposed
+// (JAX_MLA_SM90_NARROW=transposed; never run on a GPU yet).
+inline bool uses_transposed_shape(const DecodeParams& p) { return p.sm90_transposed && p.rows <= kNarrowMaxRows; }
 
-// Rows of the Q tensor map's box that launch_decode expects: 16 for the narrow shape, else 64.
-inline int q_box_rows(const DecodeParams& p) { return uses_narrow_shape(p) ? kNarrowMaxRows : 64; }
+// Rows of the Q tensor map's box that launch_decode expects: 16 for the narrow and transposed
+// shapes, else 64.
+inline int q_box_rows(const DecodeParams& p) {
+  return uses_narrow_shape(p) || uses_transposed_shape(p) ? kNarrowMaxRows : 64;
+}
 
 // One-time per-device setup (opt-in shared memory); call from the FFI initialize stage.
 template <typename Element>

@@ -163,6 +163,30 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_tb(float (&d)[128], const uin
   }
 }
 
+// m64n16k16, both operands from shared memory, on the 8 accumulator registers d[kOff .. kOff + 8)
+// of a larger array (the transposed shape, transposed_kernel.cuh: S^T = K Q^T with A = K K-major,
+// kTransA = 0; O^T = V^T P^T with A = a V box MN-major, kTransA = 1; B always K-major).
+#define JAX_MLA_WGMMA_M64N16K16_SS(TYPE, TA) asm volatile("{\n.reg .pred p;\n" "setp.ne.b32 p, %10, 0;\n" "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " {" "%0, %1, %2, %3, %4, %5, %6, %7" "}, %8, %9, p, 1, 1, " TA ", 0;\n}\n" : "+f"(d[kOff + 0]), "+f"(d[kOff + 1]), "+f"(d[kOff + 2]), "+f"(d[kOff + 3]), "+f"(d[kOff + 4]), "+f"(d[kOff + 5]), "+f"(d[kOff + 6]), "+f"(d[kOff + 7]) : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+template <typename Element, bool kTransA, int kOff, int N>
+__device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[N], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
+  static_assert(kOff % 8 == 0 && kOff + 8 <= N);
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+    if constexpr (kTransA) {
+      JAX_MLA_WGMMA_M64N16K16_SS("bf16", "1");
+    } else {
+      JAX_MLA_WGMMA_M64N16K16_SS("bf16", "0");
+    }
+  } else {
+    if constexpr (kTransA) {
+      JAX_MLA_WGMMA_M64N16K16_SS("f16", "1");
+    } else {
+      JAX_MLA_WGMMA_M64N16K16_SS("f16", "0");
+    }
+  }
+}
+
+#undef JAX_MLA_WGMMA_M64N16K16_SS
 #undef JAX_MLA_WGMMA_M64N64K16_SS
 #undef JAX_MLA_WGMMA_M64N64K16_SS_TB
 #undef JAX_MLA_WGMMA_M64N64K16_RS_TB

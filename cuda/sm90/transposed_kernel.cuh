@@ -1,0 +1,374 @@
+// The SM90 decode kernel's transposed shape, for requests of at most 16 query rows (DeepSeek-V3 at
+// TP 8: h_q = 16, s_q = 1), opt-in with JAX_MLA_SM90_NARROW=transposed. See config.h
+// (TransposedShape) for the idea; the producer is decode_kernel.cuh's, with a two-tile box ring.
+//
+// Per consumer c (warpgroup 1 + c) and tile g with g % 2 == c, all in wgmma m64n16k16 with both
+// operands in shared memory (accumulator layout: wgmma.cuh; M index 16 w + l / 4 + 8 i, N index
+// 8 j + 2 (l % 4) + e for register 4 j + 2 i + e):
+//   S^T (64 keys, 16 rows)   = K (64 keys, 576) Q^T        36 wgmma, A = K boxes (K-major), B = Q boxes (K-major)
+//   mask, running max per query row: over the thread's 2 keys, the 8 lanes of a column (xor 4, 8,
+//   16), then the 4 warps through smem (reduce[c], one 128-thread barrier);
+//   P^T = exp2(S^T * scale_log2 - m) -> P (16 rows, 64 keys) into this consumer's P buffer,
+//   K-major with the 128-byte swizzle (the layout of a TMA box), 16-bit;
+//   O^T (512, 16) = alpha O^T + V^T P^T                     32 wgmma, A = the 8 V boxes (MN-major:
+//   a box is 64 key rows of 64 value columns, so M = value columns is the contiguous dimension),
+//   B = P (K-major); then release the tile.
+// The consumers share nothing per tile, so neither waits for the other; the tensor pipe and the
+// shared-memory port serve them in turn. At the end of a piece consumer 1 hands its O^T, m and
+// partial sums to consumer 0 through smem (merge), and consumer 0 writes the rows.
+//
+// NOT RUN ON A GPU YET (written 2026-12-05, tenth session): compiled and SASS-checked only. The
+// GPU tests run it through tests/test_gpu_narrow.py (JAX_MLA_SM90_NARROW=transposed).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "decode_kernel.cuh"
+
+namespace jax_mla::sm90 {
+
+// Register index of (M slot i, query-row slot q) in an m64n16 accumulator: q = 2 j + e.
+__device__ __forceinline__ constexpr int t_acc(int i, int q) { return 4 * (q >> 1) + 2 * i + (q & 1); }
+
+// This thread's coordinates in the m64n16 accumulators.
+struct TCoords {
+  int warp, lane;
+  int m0;      // M index of slot i = 0 (i = 1: m0 + 8): the key in S^T, the column in a block of O^T
+  int row[4];  // query row of slot q
+  __device__ __forceinline__ explicit TCoords(int thread_in_wg) {
+    warp = thread_in_wg / 32;
+    lane = thread_in_wg % 32;
+    m0 = 16 * warp + lane / 4;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) row[q] = 8 * (q >> 1) + 2 * (lane % 4) + (q & 1);
+  }
+};
+
+// Max (kSum false) or sum (true) over the 8 lanes that hold the same query rows (lane % 4 equal).
+template <bool kSum>
+__device__ __forceinline__ float column_reduce(float x) {
+#pragma unroll
+  for (int d = 4; d < 32; d <<= 1) {
+    const float y = __shfl_xor_sync(0xffffffff, x, d);
+    x = kSum ? x + y : fmaxf(x, y);
+  }
+  return x;
+}
+
+// The same over the consumer's four warps, through scratch (4 warps, 16 rows) and one barrier of
+// the consumer's 128 threads. The caller keeps the next write to the same scratch behind a later
+// barrier that all four warps pass only after these reads.
+template <bool kSum>
+__device__ __forceinline__ void warps_reduce(float (*scratch)[kTRows], int barrier, const TCoords& tc, float (&x)[4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) x[q] = column_reduce<kSum>(x[q]);
+  if (tc.lane < 4) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) scratch[tc.warp][tc.row[q]] = x[q];
+  }
+  ptx::named_barrier_sync(barrier, 128);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    float r = scratch[0][tc.row[q]];
+#pragma unroll
+    for (int w = 1; w < 4; ++w) {
+      const float y = scratch[w][tc.row[q]];
+      r = kSum ? r + y : fmaxf(r, y);
+    }
+    x[q] = r;
+  }
+}
+
+// S^T of tile t into st, waiting on each box as it lands.
+template <typename Element>
+__device__ __forceinline__ void issue_scores_t(TransposedStorage<Element>& s,
+                                               const BoxRingConsumer<TransposedShape::kNumSlots>& kv,
+                                               const TileCursor<TransposedShape>& t, float (&st)[8]) {
+  const uint32_t q_base = ptx::smem_addr(&s.q[0][0]);
+  wgmma_fence();
+#pragma unroll
+  for (int box = 0; box < kKvBoxesQK; ++box) {
+    kv.wait_box(t.slots, box);
+    const uint32_t k_box = ptx::smem_addr(&s.kv[t.slots.slot(box)][0]);
+    const uint32_t q_box = q_base + box * TransposedShape::kQBoxElems * 2;
+#pragma unroll
+    for (int kk = 0; kk < kKvBoxCols / 16; ++kk) {
+      wgmma_m64n16k16_ss<Element, false, 0>(st, desc_k_major(k_box + kk * 32), desc_k_major(q_box + kk * 32), box | kk);
+    }
+  }
+  wgmma_commit();
+}
+
+// O^T[64 mb .. 64 mb + 64) += V box mb^T P^T over the tile's 64 keys (4 k-steps of 16 keys).
+template <typename Element, int kMb>
+__device__ __forceinline__ void pv_block_t(float (&o)[kTRegsO], uint32_t v_box, uint32_t p_buf) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    // A: keys 16 kk .. 16 kk + 15 are 16 rows of 128 bytes further (MN-major); B: 32 bytes further
+    // along P's 128-byte rows (K-major).
+    wgmma_m64n16k16_ss<Element, true, 8 * kMb>(o, desc_mn_major(v_box + kk * 16 * 128, kKvBoxBytes),
+                                                desc_k_major(p_buf + kk * 32), 1);
+  }
+}
+
+template <typename Element>
+__device__ __forceinline__ void issue_pv_t(TransposedStorage<Element>& s, const TileCursor<TransposedShape>& t,
+                                           uint32_t p_buf, float (&o)[kTRegsO]) {
+  fence_operands(o);
+  wgmma_fence();
+  // The tile's V boxes 0..7 sit in consecutive slots (two whole tiles in the ring).
+  const uint32_t v0 = ptx::smem_addr(&s.kv[t.slots.slot(0)][0]);
+  pv_block_t<Element, 0>(o, v0 + 0 * kKvBoxBytes, p_buf);
+  pv_block_t<Element, 1>(o, v0 + 1 * kKvBoxBytes, p_buf);
+  pv_block_t<Element, 2>(o, v0 + 2 * kKvBoxBytes, p_buf);
+  pv_block_t<Element, 3>(o, v0 + 3 * kKvBoxBytes, p_buf);
+  pv_block_t<Element, 4>(o, v0 + 4 * kKvBoxBytes, p_buf);
+  pv_block_t<Element, 5>(o, v0 + 5 * kKvBoxBytes, p_buf);
+  pv_block_t<Element, 6>(o, v0 + 6 * kKvBoxBytes, p_buf);
+  pv_block_t<Element, 7>(o, v0 + 7 * kKvBoxBytes, p_buf);
+  wgmma_commit();
+}
+static_assert(kKvBoxesV == 8, "issue_pv_t names the eight V boxes");
+
+// One 16-bit value of P at (query row r, key k) in the K-major, 128-byte-swizzled (16, 64) buffer.
+__device__ __forceinline__ uint32_t p_offset(int r, int k) {
+  return (r >> 3) * 1024 + (r & 7) * 128 + ((((k * 2) >> 4) ^ (r & 7)) << 4) + ((k * 2) & 15);
+}
+
+template <typename Element>
+__device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, const DecodeParams& p,
+                                                const int32_t* part_info, const int32_t* split_offsets, int consumer,
+                                                bool grouped_copies) {
+  const int thread = threadIdx.x % 128;
+  const TCoords tc(thread);
+  const BoxRingConsumer<TransposedShape::kNumSlots> kv{&s.kv_bars, 1, grouped_copies};
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  const bool elected = thread == 0;
+  uint8_t* p_bytes = reinterpret_cast<uint8_t*>(&s.p[consumer][0]);
+  const uint32_t p_buf = ptx::smem_addr(p_bytes);
+  const int rows_valid = min(kTRows, p.rows);
+  TileCursor<TransposedShape> st;  // ring position and owner of the CTA's next tile
+  int piece_count = 0;
+
+  for (int r = part_info[kPartBeginReq]; r <= part_info[kPartEndReq]; ++r) {
+    const PieceOfWork w = piece_of(part_info, split_offsets, p.seq_lens, r);
+    if (w.begin_block >= w.end_block) continue;
+    const int seq_len = p.seq_lens[r];
+    int visible[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int row = tc.row[q];
+      visible[q] = row < p.rows ? visible_keys(seq_len, p.seq_q, row / p.heads_q, p.causal) : 0;
+    }
+
+    float o[kTRegsO];
+    zero_accumulator(o);
+    float m[4], l[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      m[q] = -INFINITY;
+      l[q] = 0.f;
+    }
+    ptx::mbarrier_wait(&s.q_full, piece_count & 1);
+
+#pragma unroll 1
+    for (int blk = w.begin_block; blk < w.end_block; ++blk, st.advance()) {
+      if (st.owner != consumer) continue;
+      const int first_token = blk * kBlockN;
+      float sc[8];
+      issue_scores_t(s, kv, st, sc);
+      wgmma_wait<0>();
+      fence_operands(sc);
+
+      // Mask (select: masked K rows may hold anything, NaN included), then the tile's row max.
+      float tile_max[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          if (first_token + tc.m0 + 8 * i >= visible[q]) sc[t_acc(i, q)] = -INFINITY;
+        }
+        tile_max[q] = fmaxf(sc[t_acc(0, q)], sc[t_acc(1, q)]);
+      }
+      // reduce[consumer]: its next write (the next tile's max) comes after this tile's P barrier below.
+      warps_reduce<false>(s.reduce[consumer], kBarTReduce + consumer, tc, tile_max);
+      float alpha[4], m_ref[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float m_new = fmaxf(m[q], tile_max[q] * scale_log2);
+        alpha[q] = ptx::exp2_approx(m[q] - finite_or_zero(m_new));
+        m_ref[q] = finite_or_zero(m_new);
+        m[q] = m_new;
+      }
+      // P into this consumer's buffer (its previous P V completed at the end of its previous tile).
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float x = ptx::exp2_approx(fmaf(sc[t_acc(i, q)], scale_log2, -m_ref[q]));
+          sum += x;
+          Element v;
+          if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+            v = __float2bfloat16_rn(x);
+          } else {
+            v = __float2half_rn(x);
+          }
+          *reinterpret_cast<Element*>(p_bytes + p_offset(tc.row[q], tc.m0 + 8 * i)) = v;
+        }
+        l[q] = l[q] * alpha[q] + sum;
+      }
+      // The tile's V rows past seq_len (inside the last page; P is 0 there, but 0 * NaN is NaN):
+      // zeroed after S^T, the only other reader, completed.
+      if (first_token + kBlockN > seq_len) {
+        const int first = seq_len - first_token;
+        constexpr int kChunksPerRow = kKvBoxesV * (kKvBoxCols * 2 / 16);  // 64 x 16 bytes
+        for (int idx = thread; idx < (kBlockN - first) * kChunksPerRow; idx += 128) {
+          const int row = first + idx / kChunksPerRow, box = (idx % kChunksPerRow) / 8, chunk = idx % 8;
+          uint8_t* dst = reinterpret_cast<uint8_t*>(&s.kv[st.slots.slot(box)][0]) + row * 128 + chunk * 16;
+          *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+        }
+      }
+      ptx::fence_proxy_async_smem();  // P and the zeroed rows, before the async proxy (wgmma) reads them
+      ptx::named_barrier_sync(kBarTReduce + consumer, 128);
+
+      // Lazy rescale: skipped when no row of the warp moved its max (the vote keeps it warp-uniform).
+      if (!__all_sync(0xffffffff, alpha[0] == 1.f && alpha[1] == 1.f && alpha[2] == 1.f && alpha[3] == 1.f)) {
+#pragma unroll
+        for (int k = 0; k < kTRegsO; ++k) o[k] *= alpha[((k >> 2) & 1) * 2 + (k & 1)];
+      }
+      issue_pv_t(s, st, p_buf, o);
+      wgmma_wait<0>();
+      fence_operands(o);
+      if (elected) kv.release_tile(st.slots);
+    }
+    if (elected) ptx::mbarrier_arrive(&s.q_empty);  // Q is no longer read by this consumer
+
+    // Merge: consumer 1's O^T, m and partial sums go to consumer 0 (same thread, same slots).
+    const int parity = piece_count & 1;
+    if (consumer == 1) {
+#pragma unroll
+      for (int k = 0; k < kTRegsO; ++k) s.merge[thread][k] = o[k];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        s.merge[thread][kTRegsO + q] = m[q];
+        s.merge[thread][kTRegsO + 4 + q] = l[q];
+      }
+      ptx::named_barrier_arrive(kBarMergeFull, kConsumerThreads);
+      ptx::named_barrier_sync(kBarMergeFree, kConsumerThreads);
+    } else {
+      ptx::named_barrier_sync(kBarMergeFull, kConsumerThreads);
+      float a0[4], a1[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float m1 = s.merge[thread][kTRegsO + q];
+        const float mm = fmaxf(m[q], m1);
+        a0[q] = ptx::exp2_approx(m[q] - finite_or_zero(mm));
+        a1[q] = ptx::exp2_approx(m1 - finite_or_zero(mm));
+        l[q] = l[q] * a0[q] + s.merge[thread][kTRegsO + 4 + q] * a1[q];
+        m[q] = mm;
+      }
+#pragma unroll
+      for (int k = 0; k < kTRegsO; ++k) {
+        const int q = ((k >> 2) & 1) * 2 + (k & 1);
+        o[k] = o[k] * a0[q] + s.merge[thread][k] * a1[q];
+      }
+      ptx::named_barrier_arrive(kBarMergeFree, kConsumerThreads);
+
+      // Full row sums: over the lanes and warps of consumer 0, whose l now include consumer 1's.
+      // sum_reduce (not reduce[0]: a fast warp may start the next piece's first tile while a slow
+      // one still reads these) is next written after the next piece's kBarMergeFull, which all of
+      // consumer 0's warps pass only after these reads.
+      warps_reduce<true>(s.sum_reduce, kBarTReduce + 0, tc, l);
+      const bool bad = s.bad_request[parity] != 0;
+      RowResult res[2];
+      {
+        const float m01[2] = {m[0], m[1]}, m23[2] = {m[2], m[3]};
+        const float l01[2] = {l[0], l[1]}, l23[2] = {l[2], l[3]};
+        res[0] = finish_rows(m01, l01, bad);
+        res[1] = finish_rows(m23, l23, bad);
+      }
+      const int64_t row0 = static_cast<int64_t>(r) * p.rows;  // one row block: m_block 0
+      const bool direct = w.num_splits == 1;
+      const int64_t prow0 = static_cast<int64_t>(w.slot) * p.rows;
+#pragma unroll
+      for (int k = 0; k < kTRegsO; ++k) {
+        const int mb = k / 8, i = (k >> 1) & 1, q = ((k >> 2) & 1) * 2 + (k & 1);
+        const int row = tc.row[q];
+        if (row >= rows_valid) continue;
+        const int col = 64 * mb + tc.m0 + 8 * i;
+        const float v = o[k] * res[q >> 1].inv_sum[q & 1];
+        if (direct) {
+          Element e;
+          if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+            e = __float2bfloat16_rn(v);
+          } else {
+            e = __float2half_rn(v);
+          }
+          static_cast<Element*>(p.out)[(row0 + row) * kHeadDimV + col] = e;
+        } else {
+          p.partial_out[(prow0 + row) * kHeadDimV + col] = v;
+        }
+      }
+      if (tc.warp == 0 && tc.lane < 4) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int row = tc.row[q];
+          if (row >= rows_valid) continue;
+          const float lse = res[q >> 1].lse[q & 1];
+          if (direct) {
+            p.lse[row0 + row] = lse;
+          } else {
+            p.partial_lse[prow0 + row] = lse;
+          }
+        }
+      }
+    }
+    ++piece_count;
+  }
+}
+
+template <typename Element>
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_kernel_t(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap q_map,
+                    const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap kv_group_map) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  auto& s = *reinterpret_cast<TransposedStorage<Element>*>(ptx::align_dynamic_smem<1024>(smem_raw));
+  const bool grouped_copies = p.sm90_grouped_copies && p.page_size >= kBlockN;
+  if (threadIdx.x == 0) {
+    ptx::prefetch_tensor_map(&q_map);
+    ptx::prefetch_tensor_map(&kv_map);
+    if (grouped_copies) ptx::prefetch_tensor_map(&kv_group_map);
+    s.kv_bars.init(1);  // each tile has one reader, its owner
+    ptx::mbarrier_init(&s.q_full, 1);
+    ptx::mbarrier_init(&s.q_empty, kNumConsumers);
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+  ptx::grid_dependency_wait();
+  ptx::grid_launch_dependents();
+
+  // One row block (rows <= 16): the grid is (num_parts) parts, in x or y as for the other shapes.
+  const int part = p.row_blocks_adjacent ? blockIdx.y : blockIdx.x;
+  const int32_t* part_info = p.schedule + static_cast<int64_t>(part) * kPartFields;
+  const int32_t* split_offsets = p.schedule + static_cast<int64_t>(p.num_parts) * kPartFields;
+  const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      producer_main<Element, TransposedShape>(s, p, &q_map, &kv_map, grouped_copies ? &kv_group_map : nullptr,
+                                              part_info, split_offsets, 0, 0, 1);
+    }
+    __syncwarp();
+  } else {
+    ptx::setmaxnreg_inc<kConsumerRegs>();
+    consumer_t_main(s, p, part_info, split_offsets, warpgroup - 1, grouped_copies);
+  }
+#endif
+}
+
+}  // namespace jax_mla::sm90
