@@ -27,13 +27,11 @@
 #include <cuda_runtime.h>
 
 #include "decode_kernel.cuh"
+#include "transposed_layout.h"
 
 namespace jax_mla::sm90 {
 
-// Register index of (M slot i, query-row slot q) in an m64n16 accumulator: q = 2 j + e.
-__device__ __forceinline__ constexpr int t_acc(int i, int q) { return 4 * (q >> 1) + 2 * i + (q & 1); }
-
-// This thread's coordinates in the m64n16 accumulators.
+// This thread's coordinates in the m64n16 accumulators (transposed_layout.h).
 struct TCoords {
   int warp, lane;
   int m0;      // M index of slot i = 0 (i = 1: m0 + 8): the key in S^T, the column in a block of O^T
@@ -41,9 +39,9 @@ struct TCoords {
   __device__ __forceinline__ explicit TCoords(int thread_in_wg) {
     warp = thread_in_wg / 32;
     lane = thread_in_wg % 32;
-    m0 = 16 * warp + lane / 4;
+    m0 = t_m0(thread_in_wg);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) row[q] = 8 * (q >> 1) + 2 * (lane % 4) + (q & 1);
+    for (int q = 0; q < 4; ++q) row[q] = t_row(thread_in_wg, q);
   }
 };
 
@@ -132,11 +130,6 @@ __device__ __forceinline__ void issue_pv_t(TransposedStorage<Element>& s, const 
   wgmma_commit();
 }
 static_assert(kKvBoxesV == 8, "issue_pv_t names the eight V boxes");
-
-// One 16-bit value of P at (query row r, key k) in the K-major, 128-byte-swizzled (16, 64) buffer.
-__device__ __forceinline__ uint32_t p_offset(int r, int k) {
-  return (r >> 3) * 1024 + (r & 7) * 128 + ((((k * 2) >> 4) ^ (r & 7)) << 4) + ((k * 2) & 15);
-}
 
 template <typename Element>
 __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, const DecodeParams& p,
@@ -238,7 +231,7 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
       // Lazy rescale: skipped when no row of the warp moved its max (the vote keeps it warp-uniform).
       if (!__all_sync(0xffffffff, alpha[0] == 1.f && alpha[1] == 1.f && alpha[2] == 1.f && alpha[3] == 1.f)) {
 #pragma unroll
-        for (int k = 0; k < kTRegsO; ++k) o[k] *= alpha[((k >> 2) & 1) * 2 + (k & 1)];
+        for (int k = 0; k < kTRegsO; ++k) o[k] *= alpha[t_slot_of(k)];
       }
       issue_pv_t(s, st, p_buf, o);
       wgmma_wait<0>();
@@ -273,7 +266,7 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
       }
 #pragma unroll
       for (int k = 0; k < kTRegsO; ++k) {
-        const int q = ((k >> 2) & 1) * 2 + (k & 1);
+        const int q = t_slot_of(k);
         o[k] = o[k] * a0[q] + s.merge[thread][k] * a1[q];
       }
       ptx::named_barrier_arrive(kBarMergeFree, kConsumerThreads);
@@ -296,7 +289,7 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
       const int64_t prow0 = static_cast<int64_t>(w.slot) * p.rows;
 #pragma unroll
       for (int k = 0; k < kTRegsO; ++k) {
-        const int mb = k / 8, i = (k >> 1) & 1, q = ((k >> 2) & 1) * 2 + (k & 1);
+        const int mb = k / 8, i = t_mslot_of(k), q = t_slot_of(k);
         const int row = tc.row[q];
         if (row >= rows_valid) continue;
         const int col = 64 * mb + tc.m0 + 8 * i;
