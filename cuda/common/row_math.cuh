@@ -38,6 +38,16 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// One float rounded to the 16-bit element type.
+template <typename Element>
+__device__ __forceinline__ Element to_element(float x) {
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+    return __float2bfloat16_rn(x);
+  } else {
+    return __float2half_rn(x);
+  }
+}
+
 struct RowResult {
   float inv_sum[2];  // 1 / row sum, 0 for rows that saw no key
   float lse[2];      // natural log-sum-exp, -inf for rows that saw no key, NaN for a bad request

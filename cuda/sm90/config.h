@@ -100,12 +100,7 @@ struct alignas(1024) SharedStorage {
 // own O^T (512 x 16: 64 fp32 registers a thread), running max and sums, so the two never wait for
 // each other inside a piece; they merge at the piece's end. The ring holds two whole tiles: tile g
 // in position g % 2, read by consumer g % 2 only, released by it alone.
-struct TransposedShape {
-  static constexpr int kQRows = 16;
-  static constexpr int kNumSlots = 2 * kKvBoxesQK;
-  static constexpr int kQBoxElems = kQRows * kKvBoxCols;  // (16, 64)
-  static constexpr bool kNarrow = true;
-};
+using TransposedShape = KernelShape<16, 2 * kKvBoxesQK>;  // 18 KB of Q + 2 x 72 KB of KV
 inline constexpr int kTRows = TransposedShape::kQRows;
 inline constexpr int kTRegsO = kHeadDimV * kTRows / 128;  // 64: O^T (512, 16) fp32 per thread
 inline constexpr int kTMergeFloats = kTRegsO + 8;         // O^T, then m and l of the thread's 4 rows

@@ -179,17 +179,19 @@ __device__ __forceinline__ void issue_pv(SharedStorage<Element, Shape>& s, const
 }
 static_assert(kVBoxesPerConsumer == 4, "issue_pv's box-by-box path names the four boxes");
 
-// Zeroes rows [first, 64) of consumer w's V boxes of tile t: cache slots past seq_len inside the
-// last page, which P multiplies by exactly 0 but which may hold NaN. Each consumer zeroes only the
-// columns its own P V reads, after the owner's Q K^T (the only other reader) completed.
-template <typename Element, typename Shape>
-__device__ __forceinline__ void zero_dead_v_rows(SharedStorage<Element, Shape>& s, const TileCursor<Shape>& t,
-                                                 int consumer, int first, int thread) {
-  constexpr int kChunksPerRow = kVBoxesPerConsumer * (kKvBoxCols * 2 / 16);  // 32 x 16 bytes
+// Zeroes rows [first, 64) of V boxes [box0, box0 + kBoxes) of tile t (128 threads): cache slots
+// past seq_len inside the last page, which P multiplies by exactly 0 but which may hold NaN. The
+// seesaw consumers zero only the columns their own P V reads (their kVBoxesPerConsumer boxes), the
+// transposed kernel's owner all eight, after Q K^T (the only other reader) completed.
+// Storage: SharedStorage or TransposedStorage (kv[slot]).
+template <int kBoxes, typename Storage, typename Shape>
+__device__ __forceinline__ void zero_dead_v_rows(Storage& s, const TileCursor<Shape>& t, int box0, int first,
+                                                 int thread) {
+  constexpr int kChunksPerRow = kBoxes * (kKvBoxCols * 2 / 16);  // 16-byte chunks of a row's boxes
   const int total = (kBlockN - first) * kChunksPerRow;
   for (int idx = thread; idx < total; idx += 128) {
     const int row = first + idx / kChunksPerRow;
-    const int box = v_box0(consumer) + (idx % kChunksPerRow) / 8, chunk = idx % 8;
+    const int box = box0 + (idx % kChunksPerRow) / 8, chunk = idx % 8;
     uint8_t* dst = reinterpret_cast<uint8_t*>(&s.kv[t.slots.slot(box)][0]) + row * 128 + chunk * 16;
     *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
   }
@@ -269,7 +271,7 @@ __device__ __forceinline__ void owner_step(SharedStorage<Element, Shape>& s, con
   pack_p<Element>(sc, pf);
   store_p(pf, rc, reinterpret_cast<uint8_t*>(&s.kv[t.slots.slot(kKvRopeBox)][0]));
   const bool last_tile = ti.first_token + kBlockN > ti.seq_len;
-  if (last_tile) zero_dead_v_rows(s, t, consumer, ti.seq_len - ti.first_token, thread);
+  if (last_tile) zero_dead_v_rows<kVBoxesPerConsumer>(s, t, v_box0(consumer), ti.seq_len - ti.first_token, thread);
   ptx::fence_proxy_async_smem();  // P and the zeroed rows, before async-proxy (wgmma) reads
   ptx::named_barrier_arrive(kBarPReady + consumer, kConsumerThreads);
   tr.mark(kTrSoftmaxDone);
@@ -298,7 +300,7 @@ __device__ __forceinline__ void other_step(SharedStorage<Element, Shape>& s, con
     rs.l[i] *= alpha[i];
   }
   if (ti.first_token + kBlockN > ti.seq_len) {
-    zero_dead_v_rows(s, t, consumer, ti.seq_len - ti.first_token, thread);
+    zero_dead_v_rows<kVBoxesPerConsumer>(s, t, v_box0(consumer), ti.seq_len - ti.first_token, thread);
     ptx::fence_proxy_async_smem();
     ptx::named_barrier_sync(kBarConsumer + consumer, 128);
   }

@@ -192,7 +192,7 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const float m_new = fmaxf(m[q], tile_max[q] * scale_log2);
-        alpha[q] = ptx::exp2_approx(m[q] - finite_or_zero(m_new));
+        alpha[q] = rescale_factor(m[q], m_new);
         m_ref[q] = finite_or_zero(m_new);
         m[q] = m_new;
       }
@@ -204,27 +204,13 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
         for (int i = 0; i < 2; ++i) {
           const float x = ptx::exp2_approx(fmaf(sc[t_acc(i, q)], scale_log2, -m_ref[q]));
           sum += x;
-          Element v;
-          if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-            v = __float2bfloat16_rn(x);
-          } else {
-            v = __float2half_rn(x);
-          }
-          *reinterpret_cast<Element*>(p_bytes + p_offset(tc.row[q], tc.m0 + 8 * i)) = v;
+          *reinterpret_cast<Element*>(p_bytes + p_offset(tc.row[q], tc.m0 + 8 * i)) = to_element<Element>(x);
         }
         l[q] = l[q] * alpha[q] + sum;
       }
       // The tile's V rows past seq_len (inside the last page; P is 0 there, but 0 * NaN is NaN):
       // zeroed after S^T, the only other reader, completed.
-      if (first_token + kBlockN > seq_len) {
-        const int first = seq_len - first_token;
-        constexpr int kChunksPerRow = kKvBoxesV * (kKvBoxCols * 2 / 16);  // 64 x 16 bytes
-        for (int idx = thread; idx < (kBlockN - first) * kChunksPerRow; idx += 128) {
-          const int row = first + idx / kChunksPerRow, box = (idx % kChunksPerRow) / 8, chunk = idx % 8;
-          uint8_t* dst = reinterpret_cast<uint8_t*>(&s.kv[st.slots.slot(box)][0]) + row * 128 + chunk * 16;
-          *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-        }
-      }
+      if (first_token + kBlockN > seq_len) zero_dead_v_rows<kKvBoxesV>(s, st, 0, seq_len - first_token, thread);
       ptx::fence_proxy_async_smem();  // P and the zeroed rows, before the async proxy (wgmma) reads them
       ptx::named_barrier_sync(kBarTReduce + consumer, 128);
 
@@ -259,8 +245,8 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
       for (int q = 0; q < 4; ++q) {
         const float m1 = s.merge[thread][kTRegsO + q];
         const float mm = fmaxf(m[q], m1);
-        a0[q] = ptx::exp2_approx(m[q] - finite_or_zero(mm));
-        a1[q] = ptx::exp2_approx(m1 - finite_or_zero(mm));
+        a0[q] = rescale_factor(m[q], mm);
+        a1[q] = rescale_factor(m1, mm);
         l[q] = l[q] * a0[q] + s.merge[thread][kTRegsO + 4 + q] * a1[q];
         m[q] = mm;
       }
@@ -295,13 +281,7 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
         const int col = 64 * mb + tc.m0 + 8 * i;
         const float v = o[k] * res[q >> 1].inv_sum[q & 1];
         if (direct) {
-          Element e;
-          if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-            e = __float2bfloat16_rn(v);
-          } else {
-            e = __float2half_rn(v);
-          }
-          static_cast<Element*>(p.out)[(row0 + row) * kHeadDimV + col] = e;
+          static_cast<Element*>(p.out)[(row0 + row) * kHeadDimV + col] = to_element<Element>(v);
         } else {
           p.partial_out[(prow0 + row) * kHeadDimV + col] = v;
         }
