@@ -290,17 +290,23 @@ Kernel kernel_for(int stages) {
   }
 }
 
-Result run(void* buf, uint32_t tiles, int stages, int share, uint32_t tiles_per_cta, int reps, int ctas, int mma,
-           int hold, int copy, uint32_t* sink, unsigned long long* mma_stats) {
-  CUtensorMap map, col_box_map;
+// The cache of `tiles` tiles as the kernels' 2-D map (boxes of (64, 64)) and as the column-box view
+// with `copy` boxes per copy; exits on failure.
+void make_maps(void* buf, uint32_t tiles, int copy, CUtensorMap* map, CUtensorMap* col_box_map) {
   const char* err = nullptr;
-  if (!jax_mla::make_tensor_map_2d(&map, buf, jax_mla::DType::kBF16, uint64_t(tiles) * kBlockN, 576, 576, kBlockN,
+  if (!jax_mla::make_tensor_map_2d(map, buf, jax_mla::DType::kBF16, uint64_t(tiles) * kBlockN, 576, 576, kBlockN,
                                    jax_mla::kKvBoxCols, &err) ||
-      !jax_mla::make_tensor_map_col_boxes(&col_box_map, buf, jax_mla::DType::kBF16, uint64_t(tiles) * kBlockN, 576,
+      !jax_mla::make_tensor_map_col_boxes(col_box_map, buf, jax_mla::DType::kBF16, uint64_t(tiles) * kBlockN, 576,
                                           576, kBlockN, static_cast<uint32_t>(copy), &err)) {
     std::fprintf(stderr, "tensor map: %s\n", err);
     std::exit(1);
   }
+}
+
+Result run(void* buf, uint32_t tiles, int stages, int share, uint32_t tiles_per_cta, int reps, int ctas, int mma,
+           int hold, int copy, uint32_t* sink, unsigned long long* mma_stats) {
+  CUtensorMap map, col_box_map;
+  make_maps(buf, tiles, copy, &map, &col_box_map);
   // One block table per sharing group.
   const int groups = (ctas + share - 1) / share;
   std::vector<int32_t> host(static_cast<size_t>(groups) * tiles_per_cta);
@@ -374,14 +380,7 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaFuncSetAttribute(check_col_boxes, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     for (int copy : {3, 9}) {
       CUtensorMap map, col_box_map;
-      const char* err = nullptr;
-      if (!jax_mla::make_tensor_map_2d(&map, buf, jax_mla::DType::kBF16, uint64_t(tiles) * kBlockN, 576, 576, kBlockN,
-                                       jax_mla::kKvBoxCols, &err) ||
-          !jax_mla::make_tensor_map_col_boxes(&col_box_map, buf, jax_mla::DType::kBF16, uint64_t(tiles) * kBlockN, 576,
-                                              576, kBlockN, static_cast<uint32_t>(copy), &err)) {
-        std::fprintf(stderr, "tensor map: %s\n", err);
-        return 1;
-      }
+      make_maps(buf, tiles, copy, &map, &col_box_map);
       CHECK_CUDA(cudaMemset(mma_stats, 0, sizeof(unsigned long long)));
       check_col_boxes<<<1, 128, smem>>>(map, col_box_map, 5 * kBlockN, copy, mma_stats);
       CHECK_CUDA(cudaDeviceSynchronize());
