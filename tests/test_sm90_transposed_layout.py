@@ -6,27 +6,10 @@ The wgmma descriptors and the hardware's reading of them are not covered: only a
 
 from __future__ import annotations
 
-import os
-import subprocess
-
-import pytest
-
-from test_sm100_descriptors import _compiler
-
-TESTS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(TESTS)
+from host_cpp import build_and_run
 
 
 def test_sm90_transposed_layout(tmp_path):
-    cxx = _compiler()
-    if cxx is None:
-        pytest.skip("no C++ compiler on PATH")
-    exe = tmp_path / "sm90_transposed_layout"
-    build = subprocess.run(
-        [cxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-I", os.path.join(ROOT, "cuda"),
-         os.path.join(TESTS, "cpp", "sm90_transposed_layout.cc"), "-o", str(exe)],
-        capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    run = build_and_run("sm90_transposed_layout.cc", tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.splitlines()[-1] == "ok"

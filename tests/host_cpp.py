@@ -1,0 +1,35 @@
+"""Builds and runs a host C++ unit test from tests/cpp/ (no GPU, no CUDA toolkit): the shared part of
+test_sm100_descriptors.py and test_sm90_transposed_layout.py. Not collected by pytest."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+
+
+def compiler():
+    for name in (os.environ.get("CXX", ""), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def build_and_run(source: str, tmp_path) -> subprocess.CompletedProcess:
+    """Compiles tests/cpp/<source> (-Wall -Wextra -Werror, cuda/ on the include path) and runs it;
+    skips the calling test when there is no C++ compiler, fails it when the build fails."""
+    cxx = compiler()
+    if cxx is None:
+        pytest.skip("no C++ compiler on PATH")
+    exe = tmp_path / os.path.splitext(source)[0]
+    build = subprocess.run(
+        [cxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-I", os.path.join(ROOT, "cuda"),
+         os.path.join(TESTS, "cpp", source), "-o", str(exe)],
+        capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    return subprocess.run([str(exe)], capture_output=True, text=True)
