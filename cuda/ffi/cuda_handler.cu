@@ -78,6 +78,10 @@ int g_trace_ctas = 0;
 
 std::atomic<long long> g_decode_calls{0};
 std::atomic<long long> g_decode_captured{0};
+// SM90 launches on the shapes for <= 16 rows (sm90/launch.h), so a test of an opt-in shape can check
+// that it ran rather than the wide shape.
+std::atomic<long long> g_sm90_narrow_launches{0};
+std::atomic<long long> g_sm90_transposed_launches{0};
 
 // Whether the SM90 kernel uses row-block clusters by default (measured slower: docs/performance.md v5).
 constexpr bool kSm90ClusterDefault = false;
@@ -320,6 +324,11 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
     if (st.error != cudaSuccess) return cuda_error(st.what, st.error);
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_mla_decode: ") + st.what);
   }
+  if (sel.kernel == Kernel::kSm90 && sm90::uses_transposed_shape(p)) {
+    g_sm90_transposed_launches.fetch_add(1, std::memory_order_relaxed);
+  } else if (sel.kernel == Kernel::kSm90 && sm90::uses_narrow_shape(p)) {
+    g_sm90_narrow_launches.fetch_add(1, std::memory_order_relaxed);
+  }
   return ffi::Error::Success();
 }
 
@@ -372,7 +381,8 @@ TraceDump sm90_trace_read(bool reset) {
 
 CudaCallStats cuda_call_stats() {
   CudaCallStats st{g_decode_calls.load(std::memory_order_relaxed), g_decode_captured.load(std::memory_order_relaxed),
-                   0, 0};
+                   0, 0, g_sm90_narrow_launches.load(std::memory_order_relaxed),
+                   g_sm90_transposed_launches.load(std::memory_order_relaxed)};
   if (g_devices[0].ready.load(std::memory_order_acquire)) {
     st.sm90_cluster_row_blocks = g_devices[0].sm90_cluster_row_blocks;
     st.sm90_max_active_clusters = g_devices[0].sm90_max_active_clusters;
