@@ -219,3 +219,120 @@ def test_the_model_catches_a_ring_of_one_tile():
         with pytest.raises(ProtocolError, match="deadlock"):
             for trial in range(50):
                 Model(9, per_tile, [8]).run(seed=trial)
+
+
+# ---- the transposed shape (cuda/sm90/transposed_kernel.cuh) ------------------------------------
+
+
+class TransposedModel:
+    """consumer_t_main: both consumers read every tile. Per tile and consumer c: S^T over all nine
+    boxes (wait_box each, reads until the wgmma wait); then c releases the RoPE box and the other
+    consumer's V boxes; on a request's last tile both meet at kBarTScores and c zeroes dead rows of
+    its own V boxes (a generic-proxy write); P V reads its own V boxes until the wgmma wait, then c
+    releases them. Every box needs both consumers' releases (BoxRingBarriers box_releases = 2)."""
+
+    def __init__(self, num_slots, pieces, zero_without_barrier=False, release_own_after_s=False):
+        self.n, self.pieces = num_slots, pieces
+        self.no_barrier, self.own_early = zero_without_barrier, release_own_after_s  # broken protocols
+        self.content = [None] * num_slots
+        self.reads = defaultdict(set)
+        self.releases = defaultdict(set)  # (g, b) -> consumers that released it
+        self.s_done = defaultdict(set)    # g -> consumers whose S^T of g completed
+        self.q_empty = defaultdict(int)
+        self.q_loaded = set()
+
+    def slot(self, g, b):
+        return (BOXES * g + b) % self.n
+
+    def producer(self):
+        g = 0
+        for k, length in enumerate(self.pieces):
+            if k > 0:
+                yield lambda k=k: self.q_empty[k - 1] == 2
+            self.q_loaded.add(k)
+            for t in range(g, g + length):
+                for b in range(BOXES):
+                    prev = BOXES * t + b - self.n
+                    if prev >= 0:
+                        yield lambda prev=prev: len(self.releases[divmod(prev, BOXES)]) == 2
+                    s = self.slot(t, b)
+                    if self.reads[s]:
+                        raise ProtocolError(f"tile {t} box {b} loaded into slot {s} while read by {self.reads[s]}")
+                    self.content[s] = (t, b)
+            g += length
+
+    def release(self, c, g, boxes):
+        for b in boxes:
+            if c in self.releases[(g, b)]:
+                raise ProtocolError(f"tile {g} box {b} released twice by consumer {c}")
+            self.releases[(g, b)].add(c)
+
+    def consumer(self, c):
+        own, other = list(V_BOXES[c]), list(V_BOXES[1 - c])
+        g0 = 0
+        for k, length in enumerate(self.pieces):
+            yield lambda k=k: k in self.q_loaded
+            end = g0 + length
+            for t in range(g0, end):
+                for b in range(BOXES):
+                    yield lambda t=t, b=b: self.content[self.slot(t, b)] == (t, b)
+                    self.reads[self.slot(t, b)].add((c, "S", t, b))
+                for b in range(BOXES):  # wgmma_wait<0>
+                    self.reads[self.slot(t, b)].discard((c, "S", t, b))
+                self.s_done[t].add(c)
+                self.release(c, t, other + [ROPE] + (own if self.own_early else []))
+                if t == end - 1:  # the request's last tile (the model's pieces end on one)
+                    if not self.no_barrier:
+                        yield lambda t=t: len(self.s_done[t]) == 2  # kBarTScores
+                    for b in own:  # zero_dead_v_rows: nobody may be reading the box
+                        readers = {r for r in self.reads[self.slot(t, b)] if r[0] != c}
+                        if self.content[self.slot(t, b)] != (t, b) or readers:
+                            raise ProtocolError(f"consumer {c} zeroes tile {t} box {b} while read by {readers}")
+                for b in own:
+                    if self.content[self.slot(t, b)] != (t, b):
+                        raise ProtocolError(f"consumer {c} P V reads tile {t} box {b} after it was reloaded")
+                    self.reads[self.slot(t, b)].add((c, "PV", t, b))
+                yield lambda: True  # P V in flight
+                for b in own:
+                    self.reads[self.slot(t, b)].discard((c, "PV", t, b))
+                if not self.own_early:
+                    self.release(c, t, own)
+            self.q_empty[k] += 1
+            g0 = end
+
+    def run(self, seed):
+        rng = random.Random(seed)
+        actors = [self.producer(), self.consumer(0), self.consumer(1)]
+        waits = [next(a, None) for a in actors]
+        live = [w is not None for w in waits]
+        while any(live):
+            ready = [i for i, w in enumerate(waits) if live[i] and w()]
+            if not ready:
+                raise ProtocolError(f"deadlock (producer, consumer 0, consumer 1 alive: {live})")
+            i = rng.choice(ready)
+            try:
+                waits[i] = next(actors[i])
+            except StopIteration:
+                live[i] = False
+        total = sum(self.pieces)
+        assert all(len(self.releases[(g, b)]) == 2 for g in range(total) for b in range(BOXES))
+
+
+@pytest.mark.parametrize("num_slots", [9, 18, 25, 27])
+def test_transposed_ring_protocol_under_random_interleavings(num_slots):
+    """The kernel uses 25 slots; with both consumers on the same tile even a one-tile ring works."""
+    rng = random.Random(num_slots)
+    for trial in range(60):
+        TransposedModel(num_slots, random_pieces(rng)).run(seed=trial)
+
+
+def test_the_transposed_model_catches_zeroing_without_the_barrier():
+    with pytest.raises(ProtocolError, match="zeroes"):
+        for trial in range(200):
+            TransposedModel(25, [3, 1, 2], zero_without_barrier=True).run(seed=trial)
+
+
+def test_the_transposed_model_catches_releasing_own_boxes_before_pv():
+    with pytest.raises(ProtocolError, match="while read by|after it was reloaded"):
+        for trial in range(200):
+            TransposedModel(9, [8, 5], release_own_after_s=True).run(seed=trial)

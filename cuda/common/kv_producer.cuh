@@ -327,15 +327,16 @@ static_assert(kKvBoxesQK % kBoxesPerGroup == 0);
 template <int kNumSlots>
 struct BoxRingBarriers {
   uint64_t full[kNumSlots];   // producer -> consumers: completed by the TMA bytes of the box in the slot
-  // consumers -> producer. Box by box: one arrival per CTA of the cluster (the box's last reader).
-  // Whole-tile ring: only the barrier of each tile's box 0 slot, one arrival per consumer per CTA.
+  // consumers -> producer. Box by box: box_releases arrivals per CTA of the cluster (1: the box's
+  // last reader releases it; 2: each of two consumers that both read every box). Whole-tile ring:
+  // only the barrier of each tile's box 0 slot, one arrival per consumer per CTA.
   uint64_t empty[kNumSlots];
 
   // Called by one thread before any use; the caller fences and syncs (the whole cluster) afterwards.
-  __device__ __forceinline__ void init(int num_consumers, int cluster_size = 1) {
+  __device__ __forceinline__ void init(int num_consumers, int cluster_size = 1, int box_releases = 1) {
     for (int s = 0; s < kNumSlots; ++s) {
       ptx::mbarrier_init(&full[s], 1);
-      ptx::mbarrier_init(&empty[s], (kWholeTileRing<kNumSlots> ? num_consumers : 1) * cluster_size);
+      ptx::mbarrier_init(&empty[s], (kWholeTileRing<kNumSlots> ? num_consumers : box_releases) * cluster_size);
     }
   }
 };

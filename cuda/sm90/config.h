@@ -58,9 +58,8 @@ enum ConsumerBarrier : int {
   kBarRowSum = 3,   // softmax denominators published (epilogue; 256 threads)
   kBarConsumer = 4, // + consumer: one consumer's 128 threads (its smem writes before its own wgmma)
   // Transposed shape (transposed_kernel.cuh):
-  kBarTReduce = 6,    // + consumer: one consumer's 128 threads (cross-warp row reductions, P written)
-  kBarMergeFull = 8,  // consumer 1's O^T, m and l are in smem (consumer 1 arrives, consumer 0 syncs; 256)
-  kBarMergeFree = 9,  // consumer 0 has read them (consumer 0 arrives, consumer 1 syncs; 256)
+  kBarTReduce = 6,  // + consumer: one consumer's 128 threads (cross-warp row reductions, P written)
+  kBarTScores = 8,  // both consumers' S^T of the request's last tile completed (256; before zeroing V rows)
 };
 
 // Shape of one kernel instantiation.
@@ -96,23 +95,27 @@ struct alignas(1024) SharedStorage {
 // Transposed shape (rows <= 16, only with JAX_MLA_SM90_NARROW=transposed; transposed_kernel.cuh).
 // The consumers compute S^T = K Q^T and O^T = V^T P^T with wgmma m64n16k16 (M = keys, resp. value
 // columns; N = the 16 query rows), so a tile costs the tensor work and the shared-memory reads of
-// 16 rows instead of 64. Each consumer takes whole tiles on its own (tile g: consumer g % 2) with its
-// own O^T (512 x 16: 64 fp32 registers a thread), running max and sums, so the two never wait for
-// each other inside a piece; they merge at the piece's end. The ring holds two whole tiles: tile g
-// in position g % 2, read by consumer g % 2 only, released by it alone.
-using TransposedShape = KernelShape<16, 2 * kKvBoxesQK>;  // 18 KB of Q + 2 x 72 KB of KV
+// 16 rows instead of 64. Both consumers work on every tile: each computes the whole S^T (36 small
+// wgmma; the same bits in both, so the same softmax, P, running max and sums) and P V for its half
+// of the value columns (O^T 256 x 16: 32 fp32 registers a thread). Nothing is merged at the end and
+// no smem holds O, which leaves room for the narrow shape's 25-slot ring: ~2.8 tiles, so while the
+// consumers compute one tile more than one more tile of KV can be in flight. Each box is released
+// twice, once per consumer (BoxRingBarriers box_releases = 2): the RoPE box and the other half's V
+// boxes after the consumer's S^T, its own V boxes after its P V.
+// (The first version, 2026-12-05: each consumer took whole tiles g % 2 on a two-tile ring, so each
+// was a one-stage pipeline; on an H200 it ran b64/h16 at 191-193 us against the wide shape's
+// 178-184: docs/performance.md, eleventh session.)
+using TransposedShape = KernelShape<16, 25>;  // 18 KB of Q + 25 x 8 KB of KV, as NarrowShape
 inline constexpr int kTRows = TransposedShape::kQRows;
-inline constexpr int kTRegsO = kHeadDimV * kTRows / 128;  // 64: O^T (512, 16) fp32 per thread
-inline constexpr int kTMergeFloats = kTRegsO + 8;         // O^T, then m and l of the thread's 4 rows
+inline constexpr int kTRegsO = kColsPerConsumer * kTRows / 128;  // 32: O^T (256, 16) fp32 per thread
 
 template <typename Element>
 struct alignas(1024) TransposedStorage {
   Element q[kKvBoxesQK][TransposedShape::kQBoxElems];   // (9 boxes, 16, 64)
   Element kv[TransposedShape::kNumSlots][kKvBoxElems];  // (slot, BLK_N, 64)
   Element p[kNumConsumers][kTRows * kBlockN];           // per consumer: P (16 rows, 64 keys), K-major, 128B swizzle
-  float merge[128][kTMergeFloats];                      // consumer 1's per-thread O^T, m, l for consumer 0
   float reduce[kNumConsumers][4][kTRows];               // per consumer: tile row max, per warp and query row
-  float sum_reduce[4][kTRows];                          // consumer 0's epilogue: row sums, per warp and query row
+  float sum_reduce[kNumConsumers][4][kTRows];           // per consumer, epilogue: row sums, per warp and query row
   BoxRingBarriers<TransposedShape::kNumSlots> kv_bars;
   uint64_t q_full;
   uint64_t q_empty;                                     // consumers done with Q (2 arrivals)

@@ -1,24 +1,31 @@
 // The SM90 decode kernel's transposed shape, for requests of at most 16 query rows (DeepSeek-V3 at
 // TP 8: h_q = 16, s_q = 1), opt-in with JAX_MLA_SM90_NARROW=transposed. See config.h
-// (TransposedShape) for the idea; the producer is decode_kernel.cuh's, with a two-tile box ring.
+// (TransposedShape) for the idea; the producer is decode_kernel.cuh's, on the narrow shape's
+// 25-slot box ring.
 //
-// Per consumer c (warpgroup 1 + c) and tile g with g % 2 == c, all in wgmma m64n16k16 with both
-// operands in shared memory (accumulator layout: wgmma.cuh; M index 16 w + l / 4 + 8 i, N index
+// Per consumer c (warpgroup 1 + c) and every tile, all in wgmma m64n16k16 with both operands in
+// shared memory (accumulator layout: wgmma.cuh; M index 16 w + l / 4 + 8 i, N index
 // 8 j + 2 (l % 4) + e for register 4 j + 2 i + e):
 //   S^T (64 keys, 16 rows)   = K (64 keys, 576) Q^T        36 wgmma, A = K boxes (K-major), B = Q boxes (K-major)
+//   then release the boxes only S^T reads: the RoPE box and the other consumer's four V boxes;
 //   mask, running max per query row: over the thread's 2 keys, the 8 lanes of a column (xor 4, 8,
 //   16), then the 4 warps through smem (reduce[c], one 128-thread barrier);
 //   P^T = exp2(S^T * scale_log2 - m) -> P (16 rows, 64 keys) into this consumer's P buffer,
 //   K-major with the 128-byte swizzle (the layout of a TMA box), 16-bit;
-//   O^T (512, 16) = alpha O^T + V^T P^T                     32 wgmma, A = the 8 V boxes (MN-major:
-//   a box is 64 key rows of 64 value columns, so M = value columns is the contiguous dimension),
-//   B = P (K-major); then release the tile.
-// The consumers share nothing per tile, so neither waits for the other; the tensor pipe and the
-// shared-memory port serve them in turn. At the end of a piece consumer 1 hands its O^T, m and
-// partial sums to consumer 0 through smem (merge), and consumer 0 writes the rows.
+//   O^T (256, 16) = alpha O^T + V^T P^T over its V boxes 4c .. 4c + 3 (value columns
+//   256c .. 256c + 255)                                      16 wgmma, A = a V box (MN-major: a box
+//   is 64 key rows of 64 value columns, so M = value columns is the contiguous dimension), B = P
+//   (K-major); then release its V boxes.
+// Both consumers compute the same S^T from the same bytes with the same instructions, so their
+// softmax state (m, l) is bit-identical and neither needs the other's: they meet only on a
+// request's last tile (kBarTScores), where each zeroes the dead V rows of its own boxes once both
+// S^T, which read those rows as K, completed. Each writes its own 256 output columns; consumer 0
+// also the LSE.
 //
-// NOT RUN ON A GPU YET (written 2026-12-05, tenth session): compiled and SASS-checked only. The
-// GPU tests run it through tests/test_gpu_narrow.py (JAX_MLA_SM90_NARROW=transposed).
+// History: the first version (2026-12-05, tenth session) gave each consumer whole tiles (tile g to
+// consumer g % 2) on a two-tile ring and merged the two O^T through smem at the end of each piece;
+// each consumer was then a one-stage pipeline (its tile's slots reloaded only after its own P V),
+// and b64/h16 ran at 191-193 us on an H200 against 178-184 for the wide shape.
 #pragma once
 
 #include <cmath>
@@ -100,7 +107,8 @@ __device__ __forceinline__ void issue_scores_t(TransposedStorage<Element>& s,
   wgmma_commit();
 }
 
-// O^T[64 mb .. 64 mb + 64) += V box mb^T P^T over the tile's 64 keys (4 k-steps of 16 keys).
+// O^T[64 mb .. 64 mb + 64) (of this consumer's 256 columns) += V box^T P^T over the tile's 64 keys
+// (4 k-steps of 16 keys).
 template <typename Element, int kMb>
 __device__ __forceinline__ void pv_block_t(float (&o)[kTRegsO], uint32_t v_box, uint32_t p_buf) {
 #pragma unroll
@@ -112,38 +120,36 @@ __device__ __forceinline__ void pv_block_t(float (&o)[kTRegsO], uint32_t v_box, 
   }
 }
 
+// This consumer's P V: its four V boxes (slots of a box ring need not be consecutive).
 template <typename Element>
 __device__ __forceinline__ void issue_pv_t(TransposedStorage<Element>& s, const TileCursor<TransposedShape>& t,
-                                           uint32_t p_buf, float (&o)[kTRegsO]) {
+                                           int consumer, uint32_t p_buf, float (&o)[kTRegsO]) {
+  const int b0 = v_box0(consumer);
   fence_operands(o);
   wgmma_fence();
-  // The tile's V boxes 0..7 sit in consecutive slots (two whole tiles in the ring).
-  const uint32_t v0 = ptx::smem_addr(&s.kv[t.slots.slot(0)][0]);
-  pv_block_t<Element, 0>(o, v0 + 0 * kKvBoxBytes, p_buf);
-  pv_block_t<Element, 1>(o, v0 + 1 * kKvBoxBytes, p_buf);
-  pv_block_t<Element, 2>(o, v0 + 2 * kKvBoxBytes, p_buf);
-  pv_block_t<Element, 3>(o, v0 + 3 * kKvBoxBytes, p_buf);
-  pv_block_t<Element, 4>(o, v0 + 4 * kKvBoxBytes, p_buf);
-  pv_block_t<Element, 5>(o, v0 + 5 * kKvBoxBytes, p_buf);
-  pv_block_t<Element, 6>(o, v0 + 6 * kKvBoxBytes, p_buf);
-  pv_block_t<Element, 7>(o, v0 + 7 * kKvBoxBytes, p_buf);
+  pv_block_t<Element, 0>(o, ptx::smem_addr(&s.kv[t.slots.slot(b0 + 0)][0]), p_buf);
+  pv_block_t<Element, 1>(o, ptx::smem_addr(&s.kv[t.slots.slot(b0 + 1)][0]), p_buf);
+  pv_block_t<Element, 2>(o, ptx::smem_addr(&s.kv[t.slots.slot(b0 + 2)][0]), p_buf);
+  pv_block_t<Element, 3>(o, ptx::smem_addr(&s.kv[t.slots.slot(b0 + 3)][0]), p_buf);
   wgmma_commit();
 }
-static_assert(kKvBoxesV == 8, "issue_pv_t names the eight V boxes");
+static_assert(kVBoxesPerConsumer == 4, "issue_pv_t names a consumer's four V boxes");
+static_assert(!kWholeTileRing<TransposedShape::kNumSlots>, "the transposed shape releases box by box");
 
 template <typename Element>
 __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, const DecodeParams& p,
-                                                const int32_t* part_info, const int32_t* split_offsets, int consumer,
-                                                bool grouped_copies) {
+                                                const int32_t* part_info, const int32_t* split_offsets,
+                                                int consumer) {
   const int thread = threadIdx.x % 128;
   const TCoords tc(thread);
-  const BoxRingConsumer<TransposedShape::kNumSlots> kv{&s.kv_bars, 1, grouped_copies};
+  const BoxRingConsumer<TransposedShape::kNumSlots> kv{&s.kv_bars, 1, false};
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   const bool elected = thread == 0;
   uint8_t* p_bytes = reinterpret_cast<uint8_t*>(&s.p[consumer][0]);
   const uint32_t p_buf = ptx::smem_addr(p_bytes);
   const int rows_valid = min(kTRows, p.rows);
-  TileCursor<TransposedShape> st;  // ring position and owner of the CTA's next tile
+  const int other_v0 = v_box0(consumer ^ 1);
+  TileCursor<TransposedShape> st;  // ring position of the CTA's next tile (both consumers read every tile)
   int piece_count = 0;
 
   for (int r = part_info[kPartBeginReq]; r <= part_info[kPartEndReq]; ++r) {
@@ -169,12 +175,17 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
 
 #pragma unroll 1
     for (int blk = w.begin_block; blk < w.end_block; ++blk, st.advance()) {
-      if (st.owner != consumer) continue;
       const int first_token = blk * kBlockN;
       float sc[8];
       issue_scores_t(s, kv, st, sc);
       wgmma_wait<0>();
       fence_operands(sc);
+      // The boxes only S^T reads: this consumer is done with them (the other's release follows its
+      // own S^T, and its V boxes' second release its P V).
+      if (elected) {
+        kv.template release_boxes<kVBoxesPerConsumer>(st.slots, other_v0);
+        kv.template release_boxes<1>(st.slots, kKvRopeBox);
+      }
 
       // Mask (select: masked K rows may hold anything, NaN included), then the tile's row max.
       float tile_max[4];
@@ -209,8 +220,12 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
         l[q] = l[q] * alpha[q] + sum;
       }
       // The tile's V rows past seq_len (inside the last page; P is 0 there, but 0 * NaN is NaN):
-      // zeroed after S^T, the only other reader, completed.
-      if (first_token + kBlockN > seq_len) zero_dead_v_rows<kKvBoxesV>(s, st, 0, seq_len - first_token, thread);
+      // this consumer zeroes them in its own V boxes once both consumers' S^T, which read them as
+      // K, completed. The condition is the same in both consumers (same tile, same seq_len).
+      if (first_token + kBlockN > seq_len) {
+        ptx::named_barrier_sync(kBarTScores, kConsumerThreads);
+        zero_dead_v_rows<kVBoxesPerConsumer>(s, st, v_box0(consumer), seq_len - first_token, thread);
+      }
       ptx::fence_proxy_async_smem();  // P and the zeroed rows, before the async proxy (wgmma) reads them
       ptx::named_barrier_sync(kBarTReduce + consumer, 128);
 
@@ -219,84 +234,53 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
 #pragma unroll
         for (int k = 0; k < kTRegsO; ++k) o[k] *= alpha[t_slot_of(k)];
       }
-      issue_pv_t(s, st, p_buf, o);
+      issue_pv_t(s, st, consumer, p_buf, o);
       wgmma_wait<0>();
       fence_operands(o);
-      if (elected) kv.release_tile(st.slots);
+      if (elected) kv.template release_boxes<kVBoxesPerConsumer>(st.slots, v_box0(consumer));
     }
     if (elected) ptx::mbarrier_arrive(&s.q_empty);  // Q is no longer read by this consumer
 
-    // Merge: consumer 1's O^T, m and partial sums go to consumer 0 (same thread, same slots).
+    // Epilogue: full row sums over this consumer's lanes and warps (the same in both consumers).
+    // sum_reduce[consumer] is next written at the next piece's end, after that piece's tile
+    // barriers, which all four warps pass only after these reads.
+    warps_reduce<true>(s.sum_reduce[consumer], kBarTReduce + consumer, tc, l);
     const int parity = piece_count & 1;
-    if (consumer == 1) {
+    const bool bad = s.bad_request[parity] != 0;
+    RowResult res[2];
+    {
+      const float m01[2] = {m[0], m[1]}, m23[2] = {m[2], m[3]};
+      const float l01[2] = {l[0], l[1]}, l23[2] = {l[2], l[3]};
+      res[0] = finish_rows(m01, l01, bad);
+      res[1] = finish_rows(m23, l23, bad);
+    }
+    const int64_t row0 = static_cast<int64_t>(r) * p.rows;  // one row block: m_block 0
+    const bool direct = w.num_splits == 1;
+    const int64_t prow0 = static_cast<int64_t>(w.slot) * p.rows;
+    const int col0 = consumer * kColsPerConsumer;
 #pragma unroll
-      for (int k = 0; k < kTRegsO; ++k) s.merge[thread][k] = o[k];
+    for (int k = 0; k < kTRegsO; ++k) {
+      const int mb = k / 8, i = t_mslot_of(k), q = t_slot_of(k);
+      const int row = tc.row[q];
+      if (row >= rows_valid) continue;
+      const int col = col0 + 64 * mb + tc.m0 + 8 * i;
+      const float v = o[k] * res[q >> 1].inv_sum[q & 1];
+      if (direct) {
+        static_cast<Element*>(p.out)[(row0 + row) * kHeadDimV + col] = to_element<Element>(v);
+      } else {
+        p.partial_out[(prow0 + row) * kHeadDimV + col] = v;
+      }
+    }
+    if (consumer == 0 && tc.warp == 0 && tc.lane < 4) {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        s.merge[thread][kTRegsO + q] = m[q];
-        s.merge[thread][kTRegsO + 4 + q] = l[q];
-      }
-      ptx::named_barrier_arrive(kBarMergeFull, kConsumerThreads);
-      ptx::named_barrier_sync(kBarMergeFree, kConsumerThreads);
-    } else {
-      ptx::named_barrier_sync(kBarMergeFull, kConsumerThreads);
-      float a0[4], a1[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float m1 = s.merge[thread][kTRegsO + q];
-        const float mm = fmaxf(m[q], m1);
-        a0[q] = rescale_factor(m[q], mm);
-        a1[q] = rescale_factor(m1, mm);
-        l[q] = l[q] * a0[q] + s.merge[thread][kTRegsO + 4 + q] * a1[q];
-        m[q] = mm;
-      }
-#pragma unroll
-      for (int k = 0; k < kTRegsO; ++k) {
-        const int q = t_slot_of(k);
-        o[k] = o[k] * a0[q] + s.merge[thread][k] * a1[q];
-      }
-      ptx::named_barrier_arrive(kBarMergeFree, kConsumerThreads);
-
-      // Full row sums: over the lanes and warps of consumer 0, whose l now include consumer 1's.
-      // sum_reduce (not reduce[0]: a fast warp may start the next piece's first tile while a slow
-      // one still reads these) is next written after the next piece's kBarMergeFull, which all of
-      // consumer 0's warps pass only after these reads.
-      warps_reduce<true>(s.sum_reduce, kBarTReduce + 0, tc, l);
-      const bool bad = s.bad_request[parity] != 0;
-      RowResult res[2];
-      {
-        const float m01[2] = {m[0], m[1]}, m23[2] = {m[2], m[3]};
-        const float l01[2] = {l[0], l[1]}, l23[2] = {l[2], l[3]};
-        res[0] = finish_rows(m01, l01, bad);
-        res[1] = finish_rows(m23, l23, bad);
-      }
-      const int64_t row0 = static_cast<int64_t>(r) * p.rows;  // one row block: m_block 0
-      const bool direct = w.num_splits == 1;
-      const int64_t prow0 = static_cast<int64_t>(w.slot) * p.rows;
-#pragma unroll
-      for (int k = 0; k < kTRegsO; ++k) {
-        const int mb = k / 8, i = t_mslot_of(k), q = t_slot_of(k);
         const int row = tc.row[q];
         if (row >= rows_valid) continue;
-        const int col = 64 * mb + tc.m0 + 8 * i;
-        const float v = o[k] * res[q >> 1].inv_sum[q & 1];
+        const float lse = res[q >> 1].lse[q & 1];
         if (direct) {
-          static_cast<Element*>(p.out)[(row0 + row) * kHeadDimV + col] = to_element<Element>(v);
+          p.lse[row0 + row] = lse;
         } else {
-          p.partial_out[(prow0 + row) * kHeadDimV + col] = v;
-        }
-      }
-      if (tc.warp == 0 && tc.lane < 4) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int row = tc.row[q];
-          if (row >= rows_valid) continue;
-          const float lse = res[q >> 1].lse[q & 1];
-          if (direct) {
-            p.lse[row0 + row] = lse;
-          } else {
-            p.partial_lse[prow0 + row] = lse;
-          }
+          p.partial_lse[prow0 + row] = lse;
         }
       }
     }
@@ -311,12 +295,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   auto& s = *reinterpret_cast<TransposedStorage<Element>*>(ptx::align_dynamic_smem<1024>(smem_raw));
-  const bool grouped_copies = p.sm90_grouped_copies && p.page_size >= kBlockN;
+  // The box ring loads one copy per box (grouped copies are for whole-tile rings): kv_group_map is unused.
+  (void)kv_group_map;
   if (threadIdx.x == 0) {
     ptx::prefetch_tensor_map(&q_map);
     ptx::prefetch_tensor_map(&kv_map);
-    if (grouped_copies) ptx::prefetch_tensor_map(&kv_group_map);
-    s.kv_bars.init(1);  // each tile has one reader, its owner
+    s.kv_bars.init(kNumConsumers, 1, kNumConsumers);  // each box is released once by each consumer
     ptx::mbarrier_init(&s.q_full, 1);
     ptx::mbarrier_init(&s.q_empty, kNumConsumers);
     ptx::fence_barrier_init();
@@ -333,13 +317,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      producer_main<Element, TransposedShape>(s, p, &q_map, &kv_map, grouped_copies ? &kv_group_map : nullptr,
-                                              part_info, split_offsets, 0, 0, 1);
+      producer_main<Element, TransposedShape>(s, p, &q_map, &kv_map, nullptr, part_info, split_offsets, 0, 0, 1);
     }
     __syncwarp();
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    consumer_t_main(s, p, part_info, split_offsets, warpgroup - 1, grouped_copies);
+    consumer_t_main(s, p, part_info, split_offsets, warpgroup - 1);
   }
 #endif
 }

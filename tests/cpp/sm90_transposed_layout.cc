@@ -18,7 +18,7 @@ static_assert(t_acc(0, 0) == 0 && t_acc(0, 1) == 1 && t_acc(1, 0) == 2 && t_acc(
 static_assert(t_acc(0, 2) == 4 && t_acc(0, 3) == 5 && t_acc(1, 2) == 6 && t_acc(1, 3) == 7);
 // ... and back, for every register of O^T's blocks (register 8 mb + r).
 static_assert(t_slot_of(13) == 3 && t_mslot_of(13) == 0);  // r = 5 = 4 j + e with j = 1, e = 1, i = 0
-static_assert(t_slot_of(62) == 2 && t_mslot_of(62) == 1);  // r = 6: j = 1, i = 1, e = 0
+static_assert(t_slot_of(30) == 2 && t_mslot_of(30) == 1);  // r = 6: j = 1, i = 1, e = 0
 // Thread 37 (warp 1, lane 5): M = 16 + 1 = 17 (+8), query rows 2 (5 % 4) + {0, 1} = 2, 3 and 10, 11.
 static_assert(t_m0(37) == 17);
 static_assert(t_row(37, 0) == 2 && t_row(37, 1) == 3 && t_row(37, 2) == 10 && t_row(37, 3) == 11);
@@ -46,15 +46,17 @@ int main() {
     if (regs.size() != 8) ++bad;
   }
   if (seen.size() != 64 * 16) ++bad;
-  // O^T (512 columns x 16 rows) through register k = 8 mb + t_acc(i, q): exactly once, and the
-  // inverse functions give back (i, q).
+  // O^T (512 columns x 16 rows): consumer c holds columns 256 c .. 256 c + 255 in its registers
+  // k = 8 mb + t_acc(i, q), mb < 4 (kTRegsO = 32), as the kernel's epilogue writes them: every
+  // element exactly once, and the inverse functions give back (i, q).
   std::set<std::pair<int, int>> out;
-  for (int t = 0; t < 128; ++t)
-    for (int k = 0; k < 64; ++k) {
-      const int i = t_mslot_of(k), q = t_slot_of(k);
-      if (8 * (k / 8) + t_acc(i, q) != k) ++bad;
-      if (!out.insert({64 * (k / 8) + t_m0(t) + 8 * i, t_row(t, q)}).second) ++bad;
-    }
+  for (int c = 0; c < 2; ++c)
+    for (int t = 0; t < 128; ++t)
+      for (int k = 0; k < 32; ++k) {
+        const int i = t_mslot_of(k), q = t_slot_of(k);
+        if (8 * (k / 8) + t_acc(i, q) != k) ++bad;
+        if (!out.insert({256 * c + 64 * (k / 8) + t_m0(t) + 8 * i, t_row(t, q)}).second) ++bad;
+      }
   if (out.size() != 512 * 16) ++bad;
   // P offsets: a bijection of (16 rows, 64 keys) onto the 2-byte slots of the 2 KB buffer, each
   // row inside its own 128 bytes.
