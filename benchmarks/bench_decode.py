@@ -173,6 +173,28 @@ def main() -> int:
         ap.error("--num-parts takes counts >= 0 (0 = the default policy)")
     rng = np.random.default_rng(1234)
     rows = []
+
+    def dump_json(partial: bool) -> None:
+        # Written after every config (partial: true), so a run cut short by a timeout keeps the rows
+        # it finished; the last write (partial: false) has them all.
+        if not args.json:
+            return
+        with open(args.json, "w") as f:
+            json.dump(dict(copy_gbps=copy_gbps, matmul_tflops=mm_tflops, kernel=args.kernel, partial=partial,
+                           kernel_info={k: list(v) if isinstance(v, tuple) else v for k, v in info.items()},
+                           rows=rows), f, indent=1)
+
+    def finish_row(cfg: Config, r: dict) -> None:
+        r["gbps"] = cfg.bytes() / (r["us"] * 1e-6) / 1e9
+        r["tflops"] = cfg.flops() / (r["us"] * 1e-6) / 1e12
+        r["pct_bw"] = 100 * r["gbps"] / copy_gbps
+        r["pct_mm"] = 100 * r["tflops"] / mm_tflops
+        r["vs_best"] = r["us"] / cfg.best_graph_us
+        graph = (f"  handler runs {r['handler_calls']}, traced into a graph {r['traced_calls']}"
+                 if "handler_calls" in r else "")
+        print(f"# {r['name']:<26} {r['impl']:<18} {r['us']:9.1f} us  x best {r['vs_best']:5.2f}  "
+              f"err {r['rel_err']:.2e}{graph}", flush=True)
+
     for cfg in CONFIGS:
         if args.only and not any(o and o in cfg.name for o in args.only.split(",")):
             continue
@@ -207,7 +229,6 @@ def main() -> int:
                                                 out_dtype=jnp.float32)
         err = float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
         impl = "jax_mla" if args.kernel == "auto" else f"jax_mla[{args.kernel}]"
-        first_row = len(rows)  # this config's rows start here
         for num_parts in part_counts:
             before = _decode_stats(jax_mla, backend)
             us = time_step(make_step(op, num_parts), (q, cache, tables, seq_lens), args.repeats, calls)
@@ -219,6 +240,7 @@ def main() -> int:
                        rel_err=err, calls=calls, sets=num_sets, l2_resident=args.l2_resident)
             if before is not None:
                 row.update(handler_calls=after[0] - before[0], traced_calls=after[1] - before[1])
+            finish_row(cfg, row)
             rows.append(row)
         if args.xla:
             xla_op = lambda q, c, t, s: reference.mla_decode_reference(q, c, t, s, causal=cfg.causal)[0]  # noqa
@@ -229,17 +251,10 @@ def main() -> int:
                     acc = acc + xla_op(q, cache, tables[i], seq_lens)[0, 0, 0, i].astype(jnp.float32)
                 return acc
             xus = time_step(jax.jit(xstep), (q, cache, tables, seq_lens), 3, xcalls)
-            rows.append(dict(name=cfg.name, impl="plain-xla", us=xus, rel_err=float("nan"), calls=xcalls,
-                             sets=num_sets))
-        for r in rows[first_row:]:
-            r["gbps"] = cfg.bytes() / (r["us"] * 1e-6) / 1e9
-            r["tflops"] = cfg.flops() / (r["us"] * 1e-6) / 1e12
-            r["pct_bw"] = 100 * r["gbps"] / copy_gbps
-            r["pct_mm"] = 100 * r["tflops"] / mm_tflops
-            r["vs_best"] = r["us"] / cfg.best_graph_us
-            graph = (f"  handler runs {r['handler_calls']}, traced into a graph {r['traced_calls']}"
-                     if "handler_calls" in r else "")
-            print(f"# {r['name']:<26} {r['impl']:<18} {r['us']:9.1f} us  err {r['rel_err']:.2e}{graph}", flush=True)
+            xrow = dict(name=cfg.name, impl="plain-xla", us=xus, rel_err=float("nan"), calls=xcalls, sets=num_sets)
+            finish_row(cfg, xrow)
+            rows.append(xrow)
+        dump_json(partial=True)
         del q, cache, tables, seq_lens
 
     print()
@@ -251,11 +266,7 @@ def main() -> int:
     print("x best = our back-to-back time / FlashMLA's back-to-back graph-replay time (facts file); < 1 is faster.")
     if backend == "gpu":
         print(f"# CUDA handler: {jax_mla._ext.cuda_call_stats()}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(copy_gbps=copy_gbps, matmul_tflops=mm_tflops, kernel=args.kernel,
-                           kernel_info={k: list(v) if isinstance(v, tuple) else v for k, v in info.items()},
-                           rows=rows), f, indent=1)
+    dump_json(partial=False)
     return 0
 
 

@@ -3,7 +3,8 @@
 # the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
 #   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|trace|tmabw]...   (default: tests bench; run in that order)
-# Environment: TESTS_TIMEOUT, BENCH_TIMEOUT, BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
+# Environment: TESTS_TIMEOUT, BENCH_TIMEOUT (default 420 s: the full benchmark with --xla took more than
+# 240 s on an H200; its JSON is written after every config, so a cut keeps the finished rows), BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
 # SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
 # spaces: a -k expression must be one word; TESTS_K is passed whole as one -k expression), BENCH_TAG (results file bench-TAG.json, for several
 # benchmark runs in one call), NCU_CONFIGS (benchmark configs to profile, default: the two low-latency ones and b128/4K).
@@ -44,6 +45,7 @@ if ls .whl-dist/*.whl >/dev/null 2>&1; then
     installed=1
 fi
 if [ $installed = 0 ]; then
+  ls .whl-dist/*.whl >/dev/null 2>&1 || echo "no .whl-dist/*.whl here (the device tool carries it only when the run names it in carry)"
   echo "building on the device (no usable prebuilt wheel)"
   rm -rf "$SITE"; mkdir -p "$SITE"
   t0=$(date +%s)
@@ -103,7 +105,7 @@ PYEOF
 run_bench() {
   echo "== benchmark"
   clock_probe_start bench
-  timeout "${BENCH_TIMEOUT:-240}" python3 benchmarks/bench_decode.py ${BENCH_ARGS:---xla} --json "$OUT/bench${BENCH_TAG:+-$BENCH_TAG}.json" 2>&1 | tee "$OUT/bench.log" | grep -v "^#" | tail -20
+  timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/bench_decode.py ${BENCH_ARGS:---xla} --json "$OUT/bench${BENCH_TAG:+-$BENCH_TAG}.json" 2>&1 | tee "$OUT/bench.log" | grep -v "^#" | tail -20
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   clock_probe_report bench
 }
