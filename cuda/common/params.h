@@ -45,7 +45,7 @@ struct DecodeParams {
   // handler sets it from JAX_MLA_SM90_NARROW (default off).
   bool sm90_narrow = false;
   // SM90: the same requests run the transposed shape instead (cuda/sm90/config.h TransposedShape;
-  // JAX_MLA_SM90_NARROW=transposed). Never run on a GPU yet.
+  // JAX_MLA_SM90_NARROW=transposed). Its current design (both consumers on every tile) has not run on a GPU yet.
   bool sm90_transposed = false;
   // SM90 wide shape, pages of >= 64 tokens, no cluster: each KV tile as 3 TMA copies of 3 boxes
   // (kv_producer.cuh kBoxesPerGroup) instead of 9 copies of one box. The CUDA handler sets it from

@@ -120,7 +120,8 @@ struct ProcessEnv {
   // shape; not faster on an H100, not yet measured on an H200: docs/performance.md, 2026-12-05).
   bool sm90_narrow = false;
   // JAX_MLA_SM90_NARROW=transposed: the transposed shape for <= 16 rows (cuda/sm90/transposed_kernel.cuh;
-  // written 2026-12-05, not yet run on a GPU).
+  // first design 5-7% slower than the wide shape on b64/h16 on an H200; the second, current design not
+  // yet run: docs/performance.md, eleventh session).
   bool sm90_transposed = false;
   // JAX_MLA_SM90_KV_COPY: group (default: 3 copies of 3 boxes per KV tile; kv_producer.cuh) | box
   // (9 copies of one box). On an H100, group was 1.6% faster on b64/h16 in both A/B pairs, level or
