@@ -34,7 +34,8 @@ def main() -> int:
     # misspelt variable, or a device other than SM90, where the shape does not exist).
     stats = jax_mla._ext.cuda_call_stats()
     shape = os.environ.get("JAX_MLA_SM90_NARROW", "0")
-    key = {"1": "sm90_narrow_launches", "transposed": "sm90_transposed_launches"}.get(shape)
+    key = {"1": "sm90_narrow_launches", "transposed": "sm90_transposed_launches",
+           "transposed_pipelined": "sm90_transposed_launches"}.get(shape)
     on_sm90 = jax_mla.kernel_info().get("kernel") == "sm90"
     if key and on_sm90 and not stats.get(key):
         bad += 1

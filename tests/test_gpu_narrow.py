@@ -1,6 +1,6 @@
 """The SM90 kernel's shapes for <= 16 query rows (cuda/sm90/config.h), which are off by default: the
-narrow shape (JAX_MLA_SM90_NARROW=1) and the transposed shape (JAX_MLA_SM90_NARROW=transposed; the
-CUDA handler reads the variable once per process): every case of test_gpu.py with at most 16 rows,
+narrow shape (JAX_MLA_SM90_NARROW=1) and the transposed shape (JAX_MLA_SM90_NARROW=transposed, and
+transposed_pipelined; the CUDA handler reads the variable once per process): every case of test_gpu.py with at most 16 rows,
 run in a subprocess with the shape on (tests/gpu_narrow_worker.py). On GPUs other than SM90 the
 variable changes nothing and the worker checks the device's own kernel."""
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.mark.parametrize("shape", ["1", "transposed"])
+@pytest.mark.parametrize("shape", ["1", "transposed", "transposed_pipelined"])
 def test_narrow_shape_matches_reference(tmp_path, shape):
     # 300 s, well under a device call's 600: a shape that deadlocks (the transposed one has never
     # run) fails this test instead of holding the whole call.

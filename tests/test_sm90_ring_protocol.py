@@ -231,8 +231,8 @@ class TransposedModel:
     its own V boxes (a generic-proxy write); P V reads its own V boxes until the wgmma wait, then c
     releases them. Every box needs both consumers' releases (BoxRingBarriers box_releases = 2)."""
 
-    def __init__(self, num_slots, pieces, zero_without_barrier=False, release_own_after_s=False):
-        self.n, self.pieces = num_slots, pieces
+    def __init__(self, num_slots, pieces, pipelined=False, zero_without_barrier=False, release_own_after_s=False):
+        self.n, self.pieces, self.pipelined = num_slots, pieces, pipelined
         self.no_barrier, self.own_early = zero_without_barrier, release_own_after_s  # broken protocols
         self.content = [None] * num_slots
         self.reads = defaultdict(set)
@@ -267,19 +267,28 @@ class TransposedModel:
                 raise ProtocolError(f"tile {g} box {b} released twice by consumer {c}")
             self.releases[(g, b)].add(c)
 
+    def issue_s(self, c, t):
+        for b in range(BOXES):  # issue_scores_t: wait_box, then the box's wgmmas
+            yield lambda t=t, b=b: self.content[self.slot(t, b)] == (t, b)
+            self.reads[self.slot(t, b)].add((c, "S", t, b))
+
+    def s_complete(self, c, t):
+        for b in range(BOXES):  # wgmma_wait: S^T done
+            self.reads[self.slot(t, b)].discard((c, "S", t, b))
+        self.s_done[t].add(c)
+
     def consumer(self, c):
         own, other = list(V_BOXES[c]), list(V_BOXES[1 - c])
         g0 = 0
         for k, length in enumerate(self.pieces):
             yield lambda k=k: k in self.q_loaded
             end = g0 + length
+            if self.pipelined:
+                yield from self.issue_s(c, g0)
             for t in range(g0, end):
-                for b in range(BOXES):
-                    yield lambda t=t, b=b: self.content[self.slot(t, b)] == (t, b)
-                    self.reads[self.slot(t, b)].add((c, "S", t, b))
-                for b in range(BOXES):  # wgmma_wait<0>
-                    self.reads[self.slot(t, b)].discard((c, "S", t, b))
-                self.s_done[t].add(c)
+                if not self.pipelined:
+                    yield from self.issue_s(c, t)
+                self.s_complete(c, t)
                 self.release(c, t, other + [ROPE] + (own if self.own_early else []))
                 if t == end - 1:  # the request's last tile (the model's pieces end on one)
                     if not self.no_barrier:
@@ -292,7 +301,9 @@ class TransposedModel:
                     if self.content[self.slot(t, b)] != (t, b):
                         raise ProtocolError(f"consumer {c} P V reads tile {t} box {b} after it was reloaded")
                     self.reads[self.slot(t, b)].add((c, "PV", t, b))
-                yield lambda: True  # P V in flight
+                if self.pipelined and t + 1 < end:
+                    yield from self.issue_s(c, t + 1)  # S^T of the next tile behind the P V
+                yield lambda: True  # P V in flight (wgmma_wait<1> / <0>)
                 for b in own:
                     self.reads[self.slot(t, b)].discard((c, "PV", t, b))
                 if not self.own_early:
@@ -324,6 +335,21 @@ def test_transposed_ring_protocol_under_random_interleavings(num_slots):
     rng = random.Random(num_slots)
     for trial in range(60):
         TransposedModel(num_slots, random_pieces(rng)).run(seed=trial)
+
+
+@pytest.mark.parametrize("num_slots", [18, 25, 27])
+def test_pipelined_transposed_ring_protocol_under_random_interleavings(num_slots):
+    """kPipelined reads the next tile's boxes (S^T) before releasing the current tile's V boxes: the
+    ring must hold two tiles (the kernel's 25 slots do)."""
+    rng = random.Random(100 + num_slots)
+    for trial in range(60):
+        TransposedModel(num_slots, random_pieces(rng), pipelined=True).run(seed=trial)
+
+
+def test_the_pipelined_transposed_model_deadlocks_on_a_one_tile_ring():
+    with pytest.raises(ProtocolError, match="deadlock"):
+        for trial in range(50):
+            TransposedModel(9, [8], pipelined=True).run(seed=trial)
 
 
 def test_the_transposed_model_catches_zeroing_without_the_barrier():

@@ -47,6 +47,9 @@ struct DecodeParams {
   // SM90: the same requests run the transposed shape instead (cuda/sm90/config.h TransposedShape;
   // JAX_MLA_SM90_NARROW=transposed). Its current design (both consumers on every tile) has not run on a GPU yet.
   bool sm90_transposed = false;
+  // ... with S^T of the next tile issued behind each tile's P V (JAX_MLA_SM90_NARROW=transposed_pipelined;
+  // cuda/sm90/transposed_kernel.cuh kPipelined). Not yet run on a GPU.
+  bool sm90_transposed_pipelined = false;
   // SM90 wide shape, pages of >= 64 tokens, no cluster: each KV tile as 3 TMA copies of 3 boxes
   // (kv_producer.cuh kBoxesPerGroup) instead of 9 copies of one box. The CUDA handler sets it from
   // JAX_MLA_SM90_KV_COPY (group, its default | box).

@@ -123,6 +123,9 @@ struct ProcessEnv {
   // first design 5-7% slower than the wide shape on b64/h16 on an H200; the second, current design not
   // yet run: docs/performance.md, eleventh session).
   bool sm90_transposed = false;
+  // JAX_MLA_SM90_NARROW=transposed_pipelined: the same with S^T of the next tile issued behind each
+  // tile's P V (transposed_kernel.cuh kPipelined; not yet run).
+  bool sm90_transposed_pipelined = false;
   // JAX_MLA_SM90_KV_COPY: group (default: 3 copies of 3 boxes per KV tile; kv_producer.cuh) | box
   // (9 copies of one box). On an H100, group was 1.6% faster on b64/h16 in both A/B pairs, level or
   // 4% faster on b128/4K (docs/performance.md, 2026-12-05, tenth session); not measured on an H200.
@@ -147,9 +150,11 @@ const ProcessEnv& process_env() {
     e.kv_l2_hint = static_cast<KvL2Hint>(hint);  // names in KvL2Hint's order
     e.row_blocks_adjacent = env_choice("JAX_MLA_SM90_GRID", {"parts_major", "row_blocks_adjacent"},
                                        e.row_blocks_adjacent ? 1 : 0) == 1;
-    const int narrow = env_choice("JAX_MLA_SM90_NARROW", {"0", "1", "transposed"}, e.sm90_narrow ? 1 : 0);
+    const int narrow =
+        env_choice("JAX_MLA_SM90_NARROW", {"0", "1", "transposed", "transposed_pipelined"}, e.sm90_narrow ? 1 : 0);
     e.sm90_narrow = narrow == 1;
-    e.sm90_transposed = narrow == 2;
+    e.sm90_transposed = narrow >= 2;
+    e.sm90_transposed_pipelined = narrow == 3;
     e.sm90_grouped_copies = env_choice("JAX_MLA_SM90_KV_COPY", {"box", "group"}, e.sm90_grouped_copies ? 1 : 0) == 1;
     return e;
   }();
@@ -308,6 +313,7 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   p.cluster_shares_tiles = !process_env().sm90_cluster_placement;
   p.sm90_narrow = process_env().sm90_narrow;
   p.sm90_transposed = process_env().sm90_transposed;
+  p.sm90_transposed_pipelined = process_env().sm90_transposed_pipelined;
   p.sm90_grouped_copies = process_env().sm90_grouped_copies;
 #if JAX_MLA_TRACE_BUFFER
   if (device == 0) {

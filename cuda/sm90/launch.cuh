@@ -22,7 +22,11 @@ cudaError_t setup_decode() {
   cudaError_t e = set_max_smem<Element, WideShape>();
   if (e == cudaSuccess) e = set_max_smem<Element, NarrowShape>();
   if (e == cudaSuccess) {
-    e = cudaFuncSetAttribute(decode_kernel_t<Element>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    e = cudaFuncSetAttribute(decode_kernel_t<Element, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kSmemBytesT<Element>);
+  }
+  if (e == cudaSuccess) {
+    e = cudaFuncSetAttribute(decode_kernel_t<Element, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              kSmemBytesT<Element>);
   }
   return e;
@@ -77,7 +81,9 @@ cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const
     const dim3 grid = p.row_blocks_adjacent ? dim3(1, p.num_parts) : dim3(p.num_parts, 1);
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg = pdl_launch_config(grid, dim3(kThreads), kSmemBytesT<Element>, stream, &attr);
-    return cudaLaunchKernelEx(&cfg, decode_kernel_t<Element>, p, q_map, kv_map, kv_group_map);
+    return p.sm90_transposed_pipelined
+               ? cudaLaunchKernelEx(&cfg, decode_kernel_t<Element, true>, p, q_map, kv_map, kv_group_map)
+               : cudaLaunchKernelEx(&cfg, decode_kernel_t<Element, false>, p, q_map, kv_map, kv_group_map);
   }
   return uses_narrow_shape(p) ? launch_shape<Element, NarrowShape>(p, q_map, kv_map, kv_group_map, stream)
                               : launch_shape<Element, WideShape>(p, q_map, kv_map, kv_group_map, stream);

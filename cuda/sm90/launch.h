@@ -18,7 +18,8 @@ inline constexpr int kClusterRowBlocks = 2;
 inline constexpr int kNarrowMaxRows = 16;
 inline bool uses_narrow_shape(const DecodeParams& p) { return p.sm90_narrow && p.rows <= kNarrowMaxRows; }
 // The same rows run the transposed shape (config.h TransposedShape) when p.sm90_transposed
-// (JAX_MLA_SM90_NARROW=transposed; the current design has not run on a GPU yet).
+// (JAX_MLA_SM90_NARROW=transposed or transposed_pipelined, which also sets
+// p.sm90_transposed_pipelined; the current design has not run on a GPU yet).
 inline bool uses_transposed_shape(const DecodeParams& p) { return p.sm90_transposed && p.rows <= kNarrowMaxRows; }
 
 // Rows of the Q tensor map's box that launch_decode expects: 16 for the narrow and transposed

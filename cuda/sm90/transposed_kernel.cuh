@@ -135,8 +135,13 @@ __device__ __forceinline__ void issue_pv_t(TransposedStorage<Element>& s, const 
 }
 static_assert(kVBoxesPerConsumer == 4, "issue_pv_t names a consumer's four V boxes");
 static_assert(!kWholeTileRing<TransposedShape::kNumSlots>, "the transposed shape releases box by box");
+static_assert(TransposedShape::kNumSlots >= 2 * kKvBoxesQK, "kPipelined reads two tiles at once (S^T of the next)");
 
-template <typename Element>
+// kPipelined (JAX_MLA_SM90_NARROW=transposed_pipelined): S^T of the piece's next tile is issued right
+// behind this tile's P V, as its own wgmma group, so the tensor pipe runs it while the consumer waits
+// for the P V (wgmma_wait<1>) instead of idling between the two; the next tile's softmax then starts
+// on a finished S^T. Without it each tile runs S^T, softmax, P V strictly in turn.
+template <typename Element, bool kPipelined>
 __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, const DecodeParams& p,
                                                 const int32_t* part_info, const int32_t* split_offsets,
                                                 int consumer) {
@@ -173,11 +178,12 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
     }
     ptx::mbarrier_wait(&s.q_full, piece_count & 1);
 
+    float sc[8];  // S^T of the current tile (kPipelined: in flight from the previous iteration on)
+    if constexpr (kPipelined) issue_scores_t(s, kv, st, sc);
 #pragma unroll 1
     for (int blk = w.begin_block; blk < w.end_block; ++blk, st.advance()) {
       const int first_token = blk * kBlockN;
-      float sc[8];
-      issue_scores_t(s, kv, st, sc);
+      if constexpr (!kPipelined) issue_scores_t(s, kv, st, sc);
       wgmma_wait<0>();
       fence_operands(sc);
       // The boxes only S^T reads: this consumer is done with them (the other's release follows its
@@ -235,7 +241,14 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
         for (int k = 0; k < kTRegsO; ++k) o[k] *= alpha[t_slot_of(k)];
       }
       issue_pv_t(s, st, consumer, p_buf, o);
-      wgmma_wait<0>();
+      if (kPipelined && blk + 1 < w.end_block) {
+        // sc is free: this tile's scores went into P and the row state above. The next tile's boxes
+        // land without this tile's release (the ring holds 25 slots, two tiles 18).
+        issue_scores_t(s, kv, st.next(), sc);
+        wgmma_wait<1>();  // the P V (the older group) completed
+      } else {
+        wgmma_wait<0>();
+      }
       fence_operands(o);
       if (elected) kv.template release_boxes<kVBoxesPerConsumer>(st.slots, v_box0(consumer));
     }
@@ -288,7 +301,7 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
   }
 }
 
-template <typename Element>
+template <typename Element, bool kPipelined>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel_t(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap q_map,
                     const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap kv_group_map) {
@@ -322,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    consumer_t_main(s, p, part_info, split_offsets, warpgroup - 1);
+    consumer_t_main<Element, kPipelined>(s, p, part_info, split_offsets, warpgroup - 1);
   }
 #endif
 }
