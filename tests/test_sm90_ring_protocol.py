@@ -42,6 +42,44 @@ def releases(c, g):
     return list(V_BOXES[c]) + ([ROPE] if owner(g) != c else [])
 
 
+def produce(model, slot_free):
+    """The producer (produce_part + BoxRingProducer) of either model: per piece, after both consumers
+    left the previous piece's Q, every box of every tile in ring order, each once the box that last
+    held its slot is free (slot_free(tile, box) gives the wait's predicate)."""
+    g = 0
+    for k, length in enumerate(model.pieces):
+        if k > 0:
+            yield lambda k=k: model.q_empty[k - 1] == 2
+        model.q_loaded.add(k)
+        for t in range(g, g + length):
+            for b in range(BOXES):
+                prev = BOXES * t + b - model.n  # the box that last held this slot
+                if prev >= 0:
+                    yield slot_free(*divmod(prev, BOXES))
+                s = model.slot(t, b)
+                if model.reads[s]:
+                    raise ProtocolError(f"tile {t} box {b} loaded into slot {s} while read by {model.reads[s]}")
+                model.content[s] = (t, b)
+        g += length
+
+
+def interleave(actors, seed):
+    """Runs the actors (generators yielding wait predicates: producer, consumer 0, consumer 1) in a
+    random order of the ready ones until all finish; none ready while some live is a deadlock."""
+    rng = random.Random(seed)
+    waits = [next(a, None) for a in actors]
+    live = [w is not None for w in waits]
+    while any(live):
+        ready = [i for i, w in enumerate(waits) if live[i] and w()]
+        if not ready:
+            raise ProtocolError(f"deadlock (producer, consumer 0, consumer 1 alive: {live})")
+        i = rng.choice(ready)
+        try:
+            waits[i] = next(actors[i])
+        except StopIteration:
+            live[i] = False
+
+
 class Model:
     def __init__(self, num_slots, per_tile, pieces, releaser=releases, release_before_pv_wait=False):
         self.n, self.whole, self.pieces, self.releaser = num_slots, per_tile, pieces, releaser
@@ -60,25 +98,9 @@ class Model:
 
     # ---- the producer (produce_part + BoxRingProducer) -------------------------------------
     def producer(self):
-        g = 0
-        for k, length in enumerate(self.pieces):
-            if k > 0:
-                yield lambda k=k: self.q_empty[k - 1] == 2
-            self.q_loaded.add(k)
-            for t in range(g, g + length):
-                for b in range(BOXES):
-                    prev = BOXES * t + b - self.n  # the box that last held this slot
-                    if prev >= 0:
-                        pg, pb = divmod(prev, BOXES)
-                        if self.whole:
-                            yield lambda pg=pg: self.tile_releases[pg] == 2
-                        else:
-                            yield lambda pg=pg, pb=pb: (pg, pb) in self.released
-                    s = self.slot(t, b)
-                    if self.reads[s]:
-                        raise ProtocolError(f"tile {t} box {b} loaded into slot {s} while read by {self.reads[s]}")
-                    self.content[s] = (t, b)
-            g += length
+        if self.whole:
+            return produce(self, lambda pg, pb: lambda: self.tile_releases[pg] == 2)
+        return produce(self, lambda pg, pb: lambda: (pg, pb) in self.released)
 
     # ---- a consumer (consumer_main) -----------------------------------------------------------
     def landed(self, g, b):
@@ -157,19 +179,7 @@ class Model:
             g0 = end
 
     def run(self, seed):
-        rng = random.Random(seed)
-        actors = [self.producer(), self.consumer(0), self.consumer(1)]
-        waits = [next(a, None) for a in actors]
-        live = [w is not None for w in waits]
-        while any(live):
-            ready = [i for i, w in enumerate(waits) if live[i] and w()]
-            if not ready:
-                raise ProtocolError(f"deadlock (producer, consumer 0, consumer 1 alive: {live})")
-            i = rng.choice(ready)
-            try:
-                waits[i] = next(actors[i])
-            except StopIteration:
-                live[i] = False
+        interleave([self.producer(), self.consumer(0), self.consumer(1)], seed)
         total = sum(self.pieces)
         if self.whole:
             assert all(self.tile_releases[g] == 2 for g in range(total))
@@ -245,21 +255,7 @@ class TransposedModel:
         return (BOXES * g + b) % self.n
 
     def producer(self):
-        g = 0
-        for k, length in enumerate(self.pieces):
-            if k > 0:
-                yield lambda k=k: self.q_empty[k - 1] == 2
-            self.q_loaded.add(k)
-            for t in range(g, g + length):
-                for b in range(BOXES):
-                    prev = BOXES * t + b - self.n
-                    if prev >= 0:
-                        yield lambda prev=prev: len(self.releases[divmod(prev, BOXES)]) == 2
-                    s = self.slot(t, b)
-                    if self.reads[s]:
-                        raise ProtocolError(f"tile {t} box {b} loaded into slot {s} while read by {self.reads[s]}")
-                    self.content[s] = (t, b)
-            g += length
+        return produce(self, lambda pg, pb: lambda: len(self.releases[(pg, pb)]) == 2)
 
     def release(self, c, g, boxes):
         for b in boxes:
@@ -312,19 +308,7 @@ class TransposedModel:
             g0 = end
 
     def run(self, seed):
-        rng = random.Random(seed)
-        actors = [self.producer(), self.consumer(0), self.consumer(1)]
-        waits = [next(a, None) for a in actors]
-        live = [w is not None for w in waits]
-        while any(live):
-            ready = [i for i, w in enumerate(waits) if live[i] and w()]
-            if not ready:
-                raise ProtocolError(f"deadlock (producer, consumer 0, consumer 1 alive: {live})")
-            i = rng.choice(ready)
-            try:
-                waits[i] = next(actors[i])
-            except StopIteration:
-                live[i] = False
+        interleave([self.producer(), self.consumer(0), self.consumer(1)], seed)
         total = sum(self.pieces)
         assert all(len(self.releases[(g, b)]) == 2 for g in range(total) for b in range(BOXES))
 
