@@ -146,6 +146,7 @@ run_ncu() {
 # the CUDA handler reads its environment once), on the configs of AB_ONLY, then one table of us per
 # call, config x variant. AB_VARIANTS: space-separated variants, each a comma-separated list of
 # VAR=value (e.g. "JAX_MLA_SM90_CLUSTER=0 JAX_MLA_SM90_CLUSTER=1 PYTHONPATH=/tmp/other_install").
+# AB_ARGS: extra benchmark arguments for every variant (e.g. "--num-parts 0,16": a row per part count).
 # The clock probe (clock_probe_start) samples the SM clock and power meanwhile.
 # with_variant VARIANT CMD...: runs CMD with the variant's VAR=value pairs in its environment.
 with_variant() {
@@ -160,7 +161,7 @@ run_ab() {
   for v in ${AB_VARIANTS:-}; do
     i=$((i + 1)); tags+=("$v")
     with_variant "$v" timeout "${AB_TIMEOUT:-200}" python3 benchmarks/bench_decode.py --no-ceilings \
-      --repeats "${AB_REPEATS:-7}" --only "${AB_ONLY:-b128_sq1_h128_4k,b64_sq1_h16_8k}" --json "$OUT/ab-$i.json" \
+      --repeats "${AB_REPEATS:-7}" --only "${AB_ONLY:-b128_sq1_h128_4k,b64_sq1_h16_8k}" ${AB_ARGS:-} --json "$OUT/ab-$i.json" \
       > "$OUT/ab-$i.log" 2>&1 || { echo "variant $v failed (exit $?)"; tail -5 "$OUT/ab-$i.log"; status=1; }
   done
   clock_probe_report ab
@@ -174,7 +175,9 @@ for i, tag in enumerate(tags, 1):
     if not os.path.exists(path):
         continue
     for r in json.load(open(path))["rows"]:
-        table.setdefault(r["name"], {})[i] = (r["us"], r.get("rel_err", float("nan")))
+        # One row per config, or per config and part count with AB_ARGS="--num-parts ...".
+        key = r["name"] + r["impl"][len("jax_mla"):] if r["impl"].startswith("jax_mla") else r["name"] + " " + r["impl"]
+        table.setdefault(key, {})[i] = (r["us"], r.get("rel_err", float("nan")))
 for i, tag in enumerate(tags, 1):
     print(f"# variant {i}: {tag}")
 print(f"{'config':<26}" + "".join(f" {'variant ' + str(i):>22}" for i in range(1, len(tags) + 1)))

@@ -260,7 +260,7 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePar
     ptx::mbarrier_wait(q_empty, parity ^ 1);
     on_piece(parity);
     ptx::mbarrier_arrive_expect_tx(q_full, kKvBoxesQK * kQBoxElems * 2);
-    const int q_row = r * p.rows + m_block * kBlockM;
+    const int q_row = r * p.rows + m_block * kQRows;  // row blocks of kQRows rows
 #pragma unroll 1
     for (int box = 0; box < kKvBoxesQK; ++box) {
       ptx::tma_load_2d(q_smem + box * kQBoxElems, q_map, q_full, box * kKvBoxCols, q_row);

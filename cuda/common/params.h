@@ -50,6 +50,9 @@ struct DecodeParams {
   // ... with S^T of the next tile issued behind each tile's P V (JAX_MLA_SM90_NARROW=transposed_pipelined;
   // cuda/sm90/transposed_kernel.cuh kPipelined). Not yet run on a GPU.
   bool sm90_transposed_pipelined = false;
+  // ... and for requests of any number of rows, in row blocks of 16 (grid: row blocks x parts), when
+  // also set (JAX_MLA_SM90_TRANSPOSED_ROWS=all). Not yet run on a GPU.
+  bool sm90_transposed_all_rows = false;
   // SM90 wide shape, pages of >= 64 tokens, no cluster: each KV tile as 3 TMA copies of 3 boxes
   // (kv_producer.cuh kBoxesPerGroup) instead of 9 copies of one box. The CUDA handler sets it from
   // JAX_MLA_SM90_KV_COPY (group, its default | box).

@@ -126,6 +126,9 @@ struct ProcessEnv {
   // JAX_MLA_SM90_NARROW=transposed_pipelined: the same with S^T of the next tile issued behind each
   // tile's P V (transposed_kernel.cuh kPipelined; not yet run).
   bool sm90_transposed_pipelined = false;
+  // JAX_MLA_SM90_TRANSPOSED_ROWS: 16 (default: the transposed shape only for <= 16 rows) | all (every
+  // request on it, in row blocks of 16; with a transposed JAX_MLA_SM90_NARROW only; not yet run).
+  bool sm90_transposed_all_rows = false;
   // JAX_MLA_SM90_KV_COPY: group (default: 3 copies of 3 boxes per KV tile; kv_producer.cuh) | box
   // (9 copies of one box). On an H100, group was 1.6% faster on b64/h16 in both A/B pairs, level or
   // 4% faster on b128/4K (docs/performance.md, 2026-12-05, tenth session); not measured on an H200.
@@ -141,7 +144,7 @@ const ProcessEnv& process_env() {
     e.self_check = c ? c : "";
     e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
     // Tuning switches (not semantics): JAX_MLA_SM90_CLUSTER, JAX_MLA_KV_L2_HINT, JAX_MLA_SM90_GRID,
-    // JAX_MLA_SM90_NARROW, JAX_MLA_SM90_KV_COPY.
+    // JAX_MLA_SM90_NARROW, JAX_MLA_SM90_TRANSPOSED_ROWS, JAX_MLA_SM90_KV_COPY.
     const int cluster = env_choice("JAX_MLA_SM90_CLUSTER", {"0", "1", "placement"}, -1);
     if (cluster >= 0) e.sm90_cluster = cluster == 0 ? 0 : 1;
     e.sm90_cluster_placement = cluster == 2;
@@ -155,6 +158,7 @@ const ProcessEnv& process_env() {
     e.sm90_narrow = narrow == 1;
     e.sm90_transposed = narrow >= 2;
     e.sm90_transposed_pipelined = narrow == 3;
+    e.sm90_transposed_all_rows = env_choice("JAX_MLA_SM90_TRANSPOSED_ROWS", {"16", "all"}, 0) == 1;
     e.sm90_grouped_copies = env_choice("JAX_MLA_SM90_KV_COPY", {"box", "group"}, e.sm90_grouped_copies ? 1 : 0) == 1;
     return e;
   }();
@@ -314,6 +318,7 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   p.sm90_narrow = process_env().sm90_narrow;
   p.sm90_transposed = process_env().sm90_transposed;
   p.sm90_transposed_pipelined = process_env().sm90_transposed_pipelined;
+  p.sm90_transposed_all_rows = process_env().sm90_transposed_all_rows;
   p.sm90_grouped_copies = process_env().sm90_grouped_copies;
 #if JAX_MLA_TRACE_BUFFER
   if (device == 0) {

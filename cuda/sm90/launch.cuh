@@ -77,8 +77,10 @@ template <typename Element>
 cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
                           const CUtensorMap& kv_group_map, cudaStream_t stream) {
   if (uses_transposed_shape(p)) {
-    // One row block, no cluster: grid (1, parts) or (parts, 1) as p.row_blocks_adjacent says.
-    const dim3 grid = p.row_blocks_adjacent ? dim3(1, p.num_parts) : dim3(p.num_parts, 1);
+    // Row blocks of 16 rows (one unless p.sm90_transposed_all_rows), no cluster: grid
+    // (row blocks, parts) or (parts, row blocks) as p.row_blocks_adjacent says.
+    const unsigned m_blocks = static_cast<unsigned>((p.rows + kNarrowMaxRows - 1) / kNarrowMaxRows);
+    const dim3 grid = p.row_blocks_adjacent ? dim3(m_blocks, p.num_parts) : dim3(p.num_parts, m_blocks);
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg = pdl_launch_config(grid, dim3(kThreads), kSmemBytesT<Element>, stream, &attr);
     return p.sm90_transposed_pipelined

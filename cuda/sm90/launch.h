@@ -20,7 +20,11 @@ inline bool uses_narrow_shape(const DecodeParams& p) { return p.sm90_narrow && p
 // The same rows run the transposed shape (config.h TransposedShape) when p.sm90_transposed
 // (JAX_MLA_SM90_NARROW=transposed or transposed_pipelined, which also sets
 // p.sm90_transposed_pipelined; the current design has not run on a GPU yet).
-inline bool uses_transposed_shape(const DecodeParams& p) { return p.sm90_transposed && p.rows <= kNarrowMaxRows; }
+// With p.sm90_transposed_all_rows (JAX_MLA_SM90_TRANSPOSED_ROWS=all) every request does, in row
+// blocks of 16 (an experiment for small batches: no padding of rows, more CTAs per request).
+inline bool uses_transposed_shape(const DecodeParams& p) {
+  return p.sm90_transposed && (p.rows <= kNarrowMaxRows || p.sm90_transposed_all_rows);
+}
 
 // Rows of the Q tensor map's box that launch_decode expects: 16 for the narrow and transposed
 // shapes, else 64.

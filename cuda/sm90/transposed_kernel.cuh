@@ -144,7 +144,7 @@ static_assert(TransposedShape::kNumSlots >= 2 * kKvBoxesQK, "kPipelined reads tw
 template <typename Element, bool kPipelined>
 __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, const DecodeParams& p,
                                                 const int32_t* part_info, const int32_t* split_offsets,
-                                                int consumer) {
+                                                int m_block, int consumer) {
   const int thread = threadIdx.x % 128;
   const TCoords tc(thread);
   const BoxRingConsumer<TransposedShape::kNumSlots> kv{&s.kv_bars, 1, false};
@@ -152,7 +152,8 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
   const bool elected = thread == 0;
   uint8_t* p_bytes = reinterpret_cast<uint8_t*>(&s.p[consumer][0]);
   const uint32_t p_buf = ptx::smem_addr(p_bytes);
-  const int rows_valid = min(kTRows, p.rows);
+  const int row_base = m_block * kTRows;  // this CTA's 16 query rows of each request: row_base + 0..15
+  const int rows_valid = min(kTRows, p.rows - row_base);
   const int other_v0 = v_box0(consumer ^ 1);
   TileCursor<TransposedShape> st;  // ring position of the CTA's next tile (both consumers read every tile)
   int piece_count = 0;
@@ -164,7 +165,7 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
     int visible[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const int row = tc.row[q];
+      const int row = row_base + tc.row[q];
       visible[q] = row < p.rows ? visible_keys(seq_len, p.seq_q, row / p.heads_q, p.causal) : 0;
     }
 
@@ -267,9 +268,9 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
       res[0] = finish_rows(m01, l01, bad);
       res[1] = finish_rows(m23, l23, bad);
     }
-    const int64_t row0 = static_cast<int64_t>(r) * p.rows;  // one row block: m_block 0
+    const int64_t row0 = static_cast<int64_t>(r) * p.rows + row_base;
     const bool direct = w.num_splits == 1;
-    const int64_t prow0 = static_cast<int64_t>(w.slot) * p.rows;
+    const int64_t prow0 = static_cast<int64_t>(w.slot) * p.rows + row_base;
     const int col0 = consumer * kColsPerConsumer;
 #pragma unroll
     for (int k = 0; k < kTRegsO; ++k) {
@@ -322,20 +323,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   ptx::grid_dependency_wait();
   ptx::grid_launch_dependents();
 
-  // One row block (rows <= 16): the grid is (num_parts) parts, in x or y as for the other shapes.
+  // Grid (row blocks of 16 rows, parts) or (parts, row blocks) as for the other shapes; one row
+  // block unless JAX_MLA_SM90_TRANSPOSED_ROWS=all sends requests of more than 16 rows here.
   const int part = p.row_blocks_adjacent ? blockIdx.y : blockIdx.x;
+  const int m_block = p.row_blocks_adjacent ? blockIdx.x : blockIdx.y;
   const int32_t* part_info = p.schedule + static_cast<int64_t>(part) * kPartFields;
   const int32_t* split_offsets = p.schedule + static_cast<int64_t>(p.num_parts) * kPartFields;
   const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      producer_main<Element, TransposedShape>(s, p, &q_map, &kv_map, nullptr, part_info, split_offsets, 0, 0, 1);
+      producer_main<Element, TransposedShape>(s, p, &q_map, &kv_map, nullptr, part_info, split_offsets, m_block, 0, 1);
     }
     __syncwarp();
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    consumer_t_main<Element, kPipelined>(s, p, part_info, split_offsets, warpgroup - 1);
+    consumer_t_main<Element, kPipelined>(s, p, part_info, split_offsets, m_block, warpgroup - 1);
   }
 #endif
 }
