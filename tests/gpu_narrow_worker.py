@@ -1,5 +1,5 @@
 """The SM90 kernel's shapes for <= 16 query rows (cuda/sm90/config.h; off by default,
-JAX_MLA_SM90_NARROW=1, transposed or transposed_pipelined) on every case of tests/test_gpu.py with at
+JAX_MLA_SM90_NARROW=1, transposed, transposed_pipelined or transposed_splitk) on every case of tests/test_gpu.py with at
 most 16 query rows, against the CPU reference; with JAX_MLA_SM90_TRANSPOSED_ROWS=all, the transposed
 kernel on every case of test_gpu.CASES (all row counts). Run by
 tests/test_gpu_narrow.py in a subprocess, since the CUDA handler reads JAX_MLA_SM90_NARROW once per
@@ -38,8 +38,7 @@ def main() -> int:
     # misspelt variable, or a device other than SM90, where the shape does not exist).
     stats = jax_mla._ext.cuda_call_stats()
     shape = os.environ.get("JAX_MLA_SM90_NARROW", "0")
-    key = {"1": "sm90_narrow_launches", "transposed": "sm90_transposed_launches",
-           "transposed_pipelined": "sm90_transposed_launches"}.get(shape)
+    key = "sm90_narrow_launches" if shape == "1" else "sm90_transposed_launches" if shape.startswith("transposed") else None
     on_sm90 = jax_mla.kernel_info().get("kernel") == "sm90"
     if key and on_sm90 and not stats.get(key):
         bad += 1

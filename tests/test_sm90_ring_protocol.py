@@ -241,8 +241,9 @@ class TransposedModel:
     its own V boxes (a generic-proxy write); P V reads its own V boxes until the wgmma wait, then c
     releases them. Every box needs both consumers' releases (BoxRingBarriers box_releases = 2)."""
 
-    def __init__(self, num_slots, pieces, pipelined=False, zero_without_barrier=False, release_own_after_s=False):
-        self.n, self.pieces, self.pipelined = num_slots, pieces, pipelined
+    def __init__(self, num_slots, pieces, pipelined=False, split_k=False, zero_without_barrier=False,
+                 release_own_after_s=False):
+        self.n, self.pieces, self.pipelined, self.split_k = num_slots, pieces, pipelined, split_k
         self.no_barrier, self.own_early = zero_without_barrier, release_own_after_s  # broken protocols
         self.content = [None] * num_slots
         self.reads = defaultdict(set)
@@ -263,13 +264,19 @@ class TransposedModel:
                 raise ProtocolError(f"tile {g} box {b} released twice by consumer {c}")
             self.releases[(g, b)].add(c)
 
+    def s_boxes(self, c):
+        # kSplitK: k-steps 0-17 (boxes 0-3 and half of 4) and 18-35 (the other half of 4, 5-8).
+        if not self.split_k:
+            return range(BOXES)
+        return range(0, 5) if c == 0 else range(4, BOXES)
+
     def issue_s(self, c, t):
-        for b in range(BOXES):  # issue_scores_t: wait_box, then the box's wgmmas
+        for b in self.s_boxes(c):  # issue_scores_t: wait_box, then the box's wgmmas
             yield lambda t=t, b=b: self.content[self.slot(t, b)] == (t, b)
             self.reads[self.slot(t, b)].add((c, "S", t, b))
 
     def s_complete(self, c, t):
-        for b in range(BOXES):  # wgmma_wait: S^T done
+        for b in self.s_boxes(c):  # wgmma_wait: S^T done
             self.reads[self.slot(t, b)].discard((c, "S", t, b))
         self.s_done[t].add(c)
 
@@ -285,9 +292,11 @@ class TransposedModel:
                 if not self.pipelined:
                     yield from self.issue_s(c, t)
                 self.s_complete(c, t)
+                if self.split_k:  # the partial-S^T exchange: kBarTScores on every tile
+                    yield lambda t=t: len(self.s_done[t]) == 2
                 self.release(c, t, other + [ROPE] + (own if self.own_early else []))
                 if t == end - 1:  # the request's last tile (the model's pieces end on one)
-                    if not self.no_barrier:
+                    if not self.no_barrier and not self.split_k:
                         yield lambda t=t: len(self.s_done[t]) == 2  # kBarTScores
                     for b in own:  # zero_dead_v_rows: nobody may be reading the box
                         readers = {r for r in self.reads[self.slot(t, b)] if r[0] != c}
@@ -328,6 +337,15 @@ def test_pipelined_transposed_ring_protocol_under_random_interleavings(num_slots
     rng = random.Random(100 + num_slots)
     for trial in range(60):
         TransposedModel(num_slots, random_pieces(rng), pipelined=True).run(seed=trial)
+
+
+@pytest.mark.parametrize("num_slots", [18, 23, 25])
+def test_split_k_transposed_ring_protocol_under_random_interleavings(num_slots):
+    """kSplitK (always pipelined; the kernel uses 23 slots): each consumer reads half of the boxes in
+    S^T, and the two meet on every tile to add their partial scores."""
+    rng = random.Random(200 + num_slots)
+    for trial in range(60):
+        TransposedModel(num_slots, random_pieces(rng), pipelined=True, split_k=True).run(seed=trial)
 
 
 def test_the_pipelined_transposed_model_deadlocks_on_a_one_tile_ring():

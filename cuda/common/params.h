@@ -50,6 +50,9 @@ struct DecodeParams {
   // ... with S^T of the next tile issued behind each tile's P V (JAX_MLA_SM90_NARROW=transposed_pipelined;
   // cuda/sm90/transposed_kernel.cuh kPipelined). Not yet run on a GPU.
   bool sm90_transposed_pipelined = false;
+  // ... pipelined, with S^T split between the consumers by k-steps (JAX_MLA_SM90_NARROW=transposed_splitk;
+  // transposed_kernel.cuh kSplitK). Not yet run on a GPU.
+  bool sm90_transposed_split_k = false;
   // ... and for requests of any number of rows, in row blocks of 16 (grid: row blocks x parts), when
   // also set (JAX_MLA_SM90_TRANSPOSED_ROWS=all). Not yet run on a GPU.
   bool sm90_transposed_all_rows = false;

@@ -126,6 +126,9 @@ struct ProcessEnv {
   // JAX_MLA_SM90_NARROW=transposed_pipelined: the same with S^T of the next tile issued behind each
   // tile's P V (transposed_kernel.cuh kPipelined; not yet run).
   bool sm90_transposed_pipelined = false;
+  // JAX_MLA_SM90_NARROW=transposed_splitk: pipelined, and S^T split between the consumers by k-steps
+  // (transposed_kernel.cuh kSplitK; not yet run).
+  bool sm90_transposed_split_k = false;
   // JAX_MLA_SM90_TRANSPOSED_ROWS: 16 (default: the transposed shape only for <= 16 rows) | all (every
   // request on it, in row blocks of 16; with a transposed JAX_MLA_SM90_NARROW only; not yet run).
   bool sm90_transposed_all_rows = false;
@@ -154,10 +157,12 @@ const ProcessEnv& process_env() {
     e.row_blocks_adjacent = env_choice("JAX_MLA_SM90_GRID", {"parts_major", "row_blocks_adjacent"},
                                        e.row_blocks_adjacent ? 1 : 0) == 1;
     const int narrow =
-        env_choice("JAX_MLA_SM90_NARROW", {"0", "1", "transposed", "transposed_pipelined"}, e.sm90_narrow ? 1 : 0);
+        env_choice("JAX_MLA_SM90_NARROW", {"0", "1", "transposed", "transposed_pipelined", "transposed_splitk"},
+                   e.sm90_narrow ? 1 : 0);
     e.sm90_narrow = narrow == 1;
     e.sm90_transposed = narrow >= 2;
-    e.sm90_transposed_pipelined = narrow == 3;
+    e.sm90_transposed_pipelined = narrow >= 3;
+    e.sm90_transposed_split_k = narrow == 4;
     e.sm90_transposed_all_rows = env_choice("JAX_MLA_SM90_TRANSPOSED_ROWS", {"16", "all"}, 0) == 1;
     e.sm90_grouped_copies = env_choice("JAX_MLA_SM90_KV_COPY", {"box", "group"}, e.sm90_grouped_copies ? 1 : 0) == 1;
     return e;
@@ -318,6 +323,7 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   p.sm90_narrow = process_env().sm90_narrow;
   p.sm90_transposed = process_env().sm90_transposed;
   p.sm90_transposed_pipelined = process_env().sm90_transposed_pipelined;
+  p.sm90_transposed_split_k = process_env().sm90_transposed_split_k;
   p.sm90_transposed_all_rows = process_env().sm90_transposed_all_rows;
   p.sm90_grouped_copies = process_env().sm90_grouped_copies;
 #if JAX_MLA_TRACE_BUFFER

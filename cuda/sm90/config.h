@@ -105,18 +105,27 @@ struct alignas(1024) SharedStorage {
 // (The first version, 2026-12-05: each consumer took whole tiles g % 2 on a two-tile ring, so each
 // was a one-stage pipeline; on an H200 it ran b64/h16 at 191-193 us against the wide shape's
 // 178-184: docs/performance.md, eleventh session.)
-using TransposedShape = KernelShape<16, 25>;  // 18 KB of Q + 25 x 8 KB of KV, as NarrowShape
+// kSplitK (JAX_MLA_SM90_NARROW=transposed_splitk; transposed_kernel.cuh): the consumers split S^T's
+// 36 k-steps 18 / 18 and add the two partial S^T through shared memory (xchg, double-buffered by
+// tile parity), so S^T is computed once per tile instead of twice; the 16 KB of xchg cost the ring
+// two slots (23).
+template <bool kSplitK>
+using TransposedShapeT = KernelShape<16, kSplitK ? 23 : 25>;  // 18 KB of Q + 25 (23) x 8 KB of KV
+using TransposedShape = TransposedShapeT<false>;
 inline constexpr int kTRows = TransposedShape::kQRows;
 inline constexpr int kTRegsO = kColsPerConsumer * kTRows / 128;  // 32: O^T (256, 16) fp32 per thread
+inline constexpr int kTRegsS = kBlockN * kTRows / 128;           // 8: S^T (64, 16) fp32 per thread
 
-template <typename Element>
+template <typename Element, bool kSplitK = false>
 struct alignas(1024) TransposedStorage {
-  Element q[kKvBoxesQK][TransposedShape::kQBoxElems];   // (9 boxes, 16, 64)
-  Element kv[TransposedShape::kNumSlots][kKvBoxElems];  // (slot, BLK_N, 64)
+  using Shape = TransposedShapeT<kSplitK>;
+  Element q[kKvBoxesQK][Shape::kQBoxElems];             // (9 boxes, 16, 64)
+  Element kv[Shape::kNumSlots][kKvBoxElems];            // (slot, BLK_N, 64)
   Element p[kNumConsumers][kTRows * kBlockN];           // per consumer: P (16 rows, 64 keys), K-major, 128B swizzle
   float reduce[kNumConsumers][4][kTRows];               // per consumer: tile row max, per warp and query row
   float sum_reduce[kNumConsumers][4][kTRows];           // per consumer, epilogue: row sums, per warp and query row
-  BoxRingBarriers<TransposedShape::kNumSlots> kv_bars;
+  float xchg[2][kNumConsumers][kSplitK ? 128 * kTRegsS : 4];  // kSplitK: (tile parity, consumer, thread x 8) partial S^T
+  BoxRingBarriers<Shape::kNumSlots> kv_bars;
   uint64_t q_full;
   uint64_t q_empty;                                     // consumers done with Q (2 arrivals)
   int bad_request[2];                                   // set by the producer, per piece parity
@@ -125,9 +134,11 @@ static_assert(kTRows * kBlockN * 2 % 1024 == 0, "P buffers stay 1024-byte aligne
 
 template <typename Element, typename Shape>
 inline constexpr int kSmemBytes = sizeof(SharedStorage<Element, Shape>) + 1024;  // + alignment slack
-template <typename Element>
-inline constexpr int kSmemBytesT = sizeof(TransposedStorage<Element>) + 1024;
-static_assert(kSmemBytesT<uint16_t> <= kSmemOptInLimit, "transposed shape exceeds the 227 KB opt-in limit");
+template <typename Element, bool kSplitK>
+inline constexpr int kSmemBytesT = sizeof(TransposedStorage<Element, kSplitK>) + 1024;
+static_assert(kSmemBytesT<uint16_t, false> <= kSmemOptInLimit, "transposed shape exceeds the 227 KB opt-in limit");
+static_assert(kSmemBytesT<uint16_t, true> <= kSmemOptInLimit, "split-K transposed shape exceeds the 227 KB opt-in limit");
+static_assert(kSmemBytesT<uint16_t, true> + kKvBoxBytes > kSmemOptInLimit, "the split-K transposed ring could take one more slot");
 static_assert(kSmemBytes<uint16_t, WideShape> <= kSmemOptInLimit, "wide shape exceeds the 227 KB opt-in limit");
 static_assert(kSmemBytes<uint16_t, NarrowShape> <= kSmemOptInLimit, "narrow shape exceeds the 227 KB opt-in limit");
 static_assert(kSmemBytes<uint16_t, NarrowShape> + kKvBoxBytes > kSmemOptInLimit, "the narrow ring could take one more slot");

@@ -22,12 +22,16 @@ cudaError_t setup_decode() {
   cudaError_t e = set_max_smem<Element, WideShape>();
   if (e == cudaSuccess) e = set_max_smem<Element, NarrowShape>();
   if (e == cudaSuccess) {
-    e = cudaFuncSetAttribute(decode_kernel_t<Element, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             kSmemBytesT<Element>);
+    e = cudaFuncSetAttribute(decode_kernel_t<Element, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kSmemBytesT<Element, false>);
   }
   if (e == cudaSuccess) {
-    e = cudaFuncSetAttribute(decode_kernel_t<Element, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             kSmemBytesT<Element>);
+    e = cudaFuncSetAttribute(decode_kernel_t<Element, true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kSmemBytesT<Element, false>);
+  }
+  if (e == cudaSuccess) {
+    e = cudaFuncSetAttribute(decode_kernel_t<Element, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kSmemBytesT<Element, true>);
   }
   return e;
 }
@@ -82,10 +86,14 @@ cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const
     const unsigned m_blocks = static_cast<unsigned>((p.rows + kNarrowMaxRows - 1) / kNarrowMaxRows);
     const dim3 grid = p.row_blocks_adjacent ? dim3(m_blocks, p.num_parts) : dim3(p.num_parts, m_blocks);
     cudaLaunchAttribute attr;
-    cudaLaunchConfig_t cfg = pdl_launch_config(grid, dim3(kThreads), kSmemBytesT<Element>, stream, &attr);
+    if (p.sm90_transposed_split_k) {
+      cudaLaunchConfig_t cfg = pdl_launch_config(grid, dim3(kThreads), kSmemBytesT<Element, true>, stream, &attr);
+      return cudaLaunchKernelEx(&cfg, decode_kernel_t<Element, true, true>, p, q_map, kv_map, kv_group_map);
+    }
+    cudaLaunchConfig_t cfg = pdl_launch_config(grid, dim3(kThreads), kSmemBytesT<Element, false>, stream, &attr);
     return p.sm90_transposed_pipelined
-               ? cudaLaunchKernelEx(&cfg, decode_kernel_t<Element, true>, p, q_map, kv_map, kv_group_map)
-               : cudaLaunchKernelEx(&cfg, decode_kernel_t<Element, false>, p, q_map, kv_map, kv_group_map);
+               ? cudaLaunchKernelEx(&cfg, decode_kernel_t<Element, true, false>, p, q_map, kv_map, kv_group_map)
+               : cudaLaunchKernelEx(&cfg, decode_kernel_t<Element, false, false>, p, q_map, kv_map, kv_group_map);
   }
   return uses_narrow_shape(p) ? launch_shape<Element, NarrowShape>(p, q_map, kv_map, kv_group_map, stream)
                               : launch_shape<Element, WideShape>(p, q_map, kv_map, kv_group_map, stream);

@@ -30,6 +30,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -87,24 +88,41 @@ __device__ __forceinline__ void warps_reduce(float (*scratch)[kTRows], int barri
   }
 }
 
-// S^T of tile t into st, waiting on each box as it lands.
-template <typename Element>
-__device__ __forceinline__ void issue_scores_t(TransposedStorage<Element>& s,
-                                               const BoxRingConsumer<TransposedShape::kNumSlots>& kv,
-                                               const TileCursor<TransposedShape>& t, float (&st)[8]) {
+// S^T of tile t into st over the k-steps [kStep0, kStep1) of 16 columns (36 in all: 4 per box),
+// waiting on each box as it lands; one wgmma group. The whole S^T is [0, 36); kSplitK gives each
+// consumer half of it.
+template <int kStep0, int kStep1, typename Storage, typename Shape>
+__device__ __forceinline__ void issue_scores_t(Storage& s, const BoxRingConsumer<Shape::kNumSlots>& kv,
+                                               const TileCursor<Shape>& t, float (&st)[kTRegsS]) {
+  using Element = std::remove_reference_t<decltype(s.q[0][0])>;
+  constexpr int kStepsPerBox = kKvBoxCols / 16;
+  static_assert(0 <= kStep0 && kStep0 < kStep1 && kStep1 <= kKvBoxesQK * kStepsPerBox);
   const uint32_t q_base = ptx::smem_addr(&s.q[0][0]);
   wgmma_fence();
 #pragma unroll
-  for (int box = 0; box < kKvBoxesQK; ++box) {
-    kv.wait_box(t.slots, box);
+  for (int step = kStep0; step < kStep1; ++step) {
+    const int box = step / kStepsPerBox, kk = step % kStepsPerBox;
+    if (step == kStep0 || kk == 0) kv.wait_box(t.slots, box);
     const uint32_t k_box = ptx::smem_addr(&s.kv[t.slots.slot(box)][0]);
-    const uint32_t q_box = q_base + box * TransposedShape::kQBoxElems * 2;
-#pragma unroll
-    for (int kk = 0; kk < kKvBoxCols / 16; ++kk) {
-      wgmma_m64n16k16_ss<Element, false, 0>(st, desc_k_major(k_box + kk * 32), desc_k_major(q_box + kk * 32), box | kk);
-    }
+    const uint32_t q_box = q_base + box * Shape::kQBoxElems * 2;
+    wgmma_m64n16k16_ss<Element, false, 0>(st, desc_k_major(k_box + kk * 32), desc_k_major(q_box + kk * 32),
+                                          step != kStep0);
   }
   wgmma_commit();
+}
+
+// The S^T this consumer issues: all 36 k-steps, or (kSplitK) its half of them.
+template <bool kSplitK, typename Storage, typename Shape>
+__device__ __forceinline__ void issue_scores_part(Storage& s, const BoxRingConsumer<Shape::kNumSlots>& kv,
+                                                  const TileCursor<Shape>& t, int consumer, float (&st)[kTRegsS]) {
+  constexpr int kSteps = kKvBoxesQK * kKvBoxCols / 16;  // 36
+  if constexpr (!kSplitK) {
+    issue_scores_t<0, kSteps>(s, kv, t, st);
+  } else if (consumer == 0) {
+    issue_scores_t<0, kSteps / 2>(s, kv, t, st);
+  } else {
+    issue_scores_t<kSteps / 2, kSteps>(s, kv, t, st);
+  }
 }
 
 // O^T[64 mb .. 64 mb + 64) (of this consumer's 256 columns) += V box^T P^T over the tile's 64 keys
@@ -121,9 +139,10 @@ __device__ __forceinline__ void pv_block_t(float (&o)[kTRegsO], uint32_t v_box, 
 }
 
 // This consumer's P V: its four V boxes (slots of a box ring need not be consecutive).
-template <typename Element>
-__device__ __forceinline__ void issue_pv_t(TransposedStorage<Element>& s, const TileCursor<TransposedShape>& t,
-                                           int consumer, uint32_t p_buf, float (&o)[kTRegsO]) {
+template <typename Storage, typename Shape>
+__device__ __forceinline__ void issue_pv_t(Storage& s, const TileCursor<Shape>& t, int consumer, uint32_t p_buf,
+                                           float (&o)[kTRegsO]) {
+  using Element = std::remove_reference_t<decltype(s.q[0][0])>;
   const int b0 = v_box0(consumer);
   fence_operands(o);
   wgmma_fence();
@@ -134,20 +153,28 @@ __device__ __forceinline__ void issue_pv_t(TransposedStorage<Element>& s, const 
   wgmma_commit();
 }
 static_assert(kVBoxesPerConsumer == 4, "issue_pv_t names a consumer's four V boxes");
-static_assert(!kWholeTileRing<TransposedShape::kNumSlots>, "the transposed shape releases box by box");
-static_assert(TransposedShape::kNumSlots >= 2 * kKvBoxesQK, "kPipelined reads two tiles at once (S^T of the next)");
+static_assert(!kWholeTileRing<TransposedShapeT<false>::kNumSlots> && !kWholeTileRing<TransposedShapeT<true>::kNumSlots>,
+              "the transposed shape releases box by box");
+static_assert(TransposedShapeT<true>::kNumSlots >= 2 * kKvBoxesQK, "kPipelined reads two tiles at once (S^T of the next)");
 
 // kPipelined (JAX_MLA_SM90_NARROW=transposed_pipelined): S^T of the piece's next tile is issued right
 // behind this tile's P V, as its own wgmma group, so the tensor pipe runs it while the consumer waits
 // for the P V (wgmma_wait<1>) instead of idling between the two; the next tile's softmax then starts
 // on a finished S^T. Without it each tile runs S^T, softmax, P V strictly in turn.
-template <typename Element, bool kPipelined>
-__device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, const DecodeParams& p,
+//
+// kSplitK (JAX_MLA_SM90_NARROW=transposed_splitk, always pipelined): each consumer issues half of
+// S^T's k-steps; after its wgmma wait it writes its partial into xchg[tile parity][consumer], both
+// meet at kBarTScores (every tile), and each adds the other's partial (lo + hi in both, so both hold
+// the same bits). The double buffer: a consumer writes xchg[parity][c] again two tiles later, after
+// the next tile's kBarTScores, which the other passes only after its read of this one.
+template <typename Element, bool kPipelined, bool kSplitK>
+__device__ __forceinline__ void consumer_t_main(TransposedStorage<Element, kSplitK>& s, const DecodeParams& p,
                                                 const int32_t* part_info, const int32_t* split_offsets,
                                                 int m_block, int consumer) {
+  using Shape = TransposedShapeT<kSplitK>;
   const int thread = threadIdx.x % 128;
   const TCoords tc(thread);
-  const BoxRingConsumer<TransposedShape::kNumSlots> kv{&s.kv_bars, 1, false};
+  const BoxRingConsumer<Shape::kNumSlots> kv{&s.kv_bars, 1, false};
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   const bool elected = thread == 0;
   uint8_t* p_bytes = reinterpret_cast<uint8_t*>(&s.p[consumer][0]);
@@ -155,8 +182,9 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
   const int row_base = m_block * kTRows;  // this CTA's 16 query rows of each request: row_base + 0..15
   const int rows_valid = min(kTRows, p.rows - row_base);
   const int other_v0 = v_box0(consumer ^ 1);
-  TileCursor<TransposedShape> st;  // ring position of the CTA's next tile (both consumers read every tile)
+  TileCursor<Shape> st;  // ring position of the CTA's next tile (both consumers read every tile)
   int piece_count = 0;
+  int tile_count = 0;  // kSplitK: tiles done by the CTA (xchg parity)
 
   for (int r = part_info[kPartBeginReq]; r <= part_info[kPartEndReq]; ++r) {
     const PieceOfWork w = piece_of(part_info, split_offsets, p.seq_lens, r);
@@ -179,14 +207,32 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
     }
     ptx::mbarrier_wait(&s.q_full, piece_count & 1);
 
-    float sc[8];  // S^T of the current tile (kPipelined: in flight from the previous iteration on)
-    if constexpr (kPipelined) issue_scores_t(s, kv, st, sc);
+    float sc[kTRegsS];  // S^T of the current tile (kPipelined: in flight from the previous iteration on)
+    if constexpr (kPipelined) issue_scores_part<kSplitK>(s, kv, st, consumer, sc);
 #pragma unroll 1
-    for (int blk = w.begin_block; blk < w.end_block; ++blk, st.advance()) {
+    for (int blk = w.begin_block; blk < w.end_block; ++blk, st.advance(), ++tile_count) {
       const int first_token = blk * kBlockN;
-      if constexpr (!kPipelined) issue_scores_t(s, kv, st, sc);
+      if constexpr (!kPipelined) issue_scores_part<kSplitK>(s, kv, st, consumer, sc);
       wgmma_wait<0>();
       fence_operands(sc);
+      if constexpr (kSplitK) {
+        float* mine = &s.xchg[tile_count & 1][consumer][thread * kTRegsS];
+        const float* other = &s.xchg[tile_count & 1][consumer ^ 1][thread * kTRegsS];
+#pragma unroll
+        for (int k = 0; k < kTRegsS; k += 4) {
+          *reinterpret_cast<float4*>(mine + k) = make_float4(sc[k], sc[k + 1], sc[k + 2], sc[k + 3]);
+        }
+        // Both partial S^T completed (each consumer waited for its own before arriving): the boxes
+        // S^T read are free of it, and the dead V rows below may be zeroed without another barrier.
+        ptx::named_barrier_sync(kBarTScores, kConsumerThreads);
+#pragma unroll
+        for (int k = 0; k < kTRegsS; k += 4) {
+          const float4 x = *reinterpret_cast<const float4*>(other + k);
+          const float y[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sc[k + e] = consumer == 0 ? sc[k + e] + y[e] : y[e] + sc[k + e];
+        }
+      }
       // The boxes only S^T reads: this consumer is done with them (the other's release follows its
       // own S^T, and its V boxes' second release its P V).
       if (elected) {
@@ -230,7 +276,7 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
       // this consumer zeroes them in its own V boxes once both consumers' S^T, which read them as
       // K, completed. The condition is the same in both consumers (same tile, same seq_len).
       if (first_token + kBlockN > seq_len) {
-        ptx::named_barrier_sync(kBarTScores, kConsumerThreads);
+        if constexpr (!kSplitK) ptx::named_barrier_sync(kBarTScores, kConsumerThreads);  // kSplitK: met above
         zero_dead_v_rows<kVBoxesPerConsumer>(s, st, v_box0(consumer), seq_len - first_token, thread);
       }
       ptx::fence_proxy_async_smem();  // P and the zeroed rows, before the async proxy (wgmma) reads them
@@ -245,7 +291,7 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
       if (kPipelined && blk + 1 < w.end_block) {
         // sc is free: this tile's scores went into P and the row state above. The next tile's boxes
         // land without this tile's release (the ring holds 25 slots, two tiles 18).
-        issue_scores_t(s, kv, st.next(), sc);
+        issue_scores_part<kSplitK>(s, kv, st.next(), consumer, sc);
         wgmma_wait<1>();  // the P V (the older group) completed
       } else {
         wgmma_wait<0>();
@@ -302,13 +348,14 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element>& s, c
   }
 }
 
-template <typename Element, bool kPipelined>
+template <typename Element, bool kPipelined, bool kSplitK>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel_t(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap q_map,
                     const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap kv_group_map) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(kPipelined || !kSplitK, "the split-K variant is built pipelined only");
   extern __shared__ uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<TransposedStorage<Element>*>(ptx::align_dynamic_smem<1024>(smem_raw));
+  auto& s = *reinterpret_cast<TransposedStorage<Element, kSplitK>*>(ptx::align_dynamic_smem<1024>(smem_raw));
   // The box ring loads one copy per box (grouped copies are for whole-tile rings): kv_group_map is unused.
   (void)kv_group_map;
   if (threadIdx.x == 0) {
@@ -333,12 +380,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      producer_main<Element, TransposedShape>(s, p, &q_map, &kv_map, nullptr, part_info, split_offsets, m_block, 0, 1);
+      producer_main<Element, TransposedShapeT<kSplitK>>(s, p, &q_map, &kv_map, nullptr, part_info, split_offsets,
+                                                        m_block, 0, 1);
     }
     __syncwarp();
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    consumer_t_main<Element, kPipelined>(s, p, part_info, split_offsets, m_block, warpgroup - 1);
+    consumer_t_main<Element, kPipelined, kSplitK>(s, p, part_info, split_offsets, m_block, warpgroup - 1);
   }
 #endif
 }
