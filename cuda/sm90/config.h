@@ -124,7 +124,9 @@ struct alignas(1024) TransposedStorage {
   Element p[kNumConsumers][kTRows * kBlockN];           // per consumer: P (16 rows, 64 keys), K-major, 128B swizzle
   float reduce[kNumConsumers][4][kTRows];               // per consumer: tile row max, per warp and query row
   float sum_reduce[kNumConsumers][4][kTRows];           // per consumer, epilogue: row sums, per warp and query row
-  float xchg[2][kNumConsumers][kSplitK ? 128 * kTRegsS : 4];  // kSplitK: (tile parity, consumer, thread x 8) partial S^T
+  // kSplitK: partial S^T, (tile parity, consumer, register quad, thread): a warp's float4 stores and
+  // loads of one quad are 512 contiguous bytes (no bank conflict).
+  float4 xchg[2][kNumConsumers][kTRegsS / 4][kSplitK ? 128 : 1];
   BoxRingBarriers<Shape::kNumSlots> kv_bars;
   uint64_t q_full;
   uint64_t q_empty;                                     // consumers done with Q (2 arrivals)

@@ -216,18 +216,16 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element, kSpli
       wgmma_wait<0>();
       fence_operands(sc);
       if constexpr (kSplitK) {
-        float* mine = &s.xchg[tile_count & 1][consumer][thread * kTRegsS];
-        const float* other = &s.xchg[tile_count & 1][consumer ^ 1][thread * kTRegsS];
+        float4 (*mine)[128] = s.xchg[tile_count & 1][consumer];
+        const float4 (*other)[128] = s.xchg[tile_count & 1][consumer ^ 1];
 #pragma unroll
-        for (int k = 0; k < kTRegsS; k += 4) {
-          *reinterpret_cast<float4*>(mine + k) = make_float4(sc[k], sc[k + 1], sc[k + 2], sc[k + 3]);
-        }
+        for (int k = 0; k < kTRegsS; k += 4) mine[k / 4][thread] = make_float4(sc[k], sc[k + 1], sc[k + 2], sc[k + 3]);
         // Both partial S^T completed (each consumer waited for its own before arriving): the boxes
         // S^T read are free of it, and the dead V rows below may be zeroed without another barrier.
         ptx::named_barrier_sync(kBarTScores, kConsumerThreads);
 #pragma unroll
         for (int k = 0; k < kTRegsS; k += 4) {
-          const float4 x = *reinterpret_cast<const float4*>(other + k);
+          const float4 x = other[k / 4][thread];
           const float y[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
           for (int e = 0; e < 4; ++e) sc[k + e] = consumer == 0 ? sc[k + e] + y[e] : y[e] + sc[k + e];
