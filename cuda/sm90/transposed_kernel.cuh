@@ -1,7 +1,8 @@
 // The SM90 decode kernel's transposed shape, for requests of at most 16 query rows (DeepSeek-V3 at
-// TP 8: h_q = 16, s_q = 1), opt-in with JAX_MLA_SM90_NARROW=transposed. See config.h
-// (TransposedShape) for the idea; the producer is decode_kernel.cuh's, on the narrow shape's
-// 25-slot box ring.
+// TP 8: h_q = 16, s_q = 1), opt-in with JAX_MLA_SM90_NARROW=transposed (or transposed_pipelined,
+// transposed_splitk: kPipelined, kSplitK below), and for any row count in row blocks of 16 with
+// JAX_MLA_SM90_TRANSPOSED_ROWS=all. See config.h (TransposedShapeT) for the idea; the producer is
+// decode_kernel.cuh's, on a box ring of 25 slots (23 with kSplitK).
 //
 // Per consumer c (warpgroup 1 + c) and every tile, all in wgmma m64n16k16 with both operands in
 // shared memory (accumulator layout: wgmma.cuh; M index 16 w + l / 4 + 8 i, N index
@@ -20,7 +21,8 @@
 // softmax state (m, l) is bit-identical and neither needs the other's: they meet only on a
 // request's last tile (kBarTScores), where each zeroes the dead V rows of its own boxes once both
 // S^T, which read those rows as K, completed. Each writes its own 256 output columns; consumer 0
-// also the LSE.
+// also the LSE. (kSplitK: each computes half of S^T and they meet on every tile; see
+// consumer_t_main.)
 //
 // History: the first version (2026-12-05, tenth session) gave each consumer whole tiles (tile g to
 // consumer g % 2) on a two-tile ring and merged the two O^T through smem at the end of each piece;
