@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax_mla  # noqa: E402
 import test_gpu  # noqa: E402  (its case lists and checks; importing it runs no test)
+from sm90_shape_check import shape_check_failure  # noqa: E402
 
 
 def narrow_cases():
@@ -34,16 +35,12 @@ def main() -> int:
             bad += 1
             print("FAIL", case.id, str(e)[:400], flush=True)
         ran += 1
-    # The cases must have run on the requested shape, not silently on the wide one (an unread or
-    # misspelt variable, or a device other than SM90, where the shape does not exist).
-    stats = jax_mla._ext.cuda_call_stats()
-    shape = os.environ.get("JAX_MLA_SM90_NARROW", "0")
-    key = "sm90_narrow_launches" if shape == "1" else "sm90_transposed_launches" if shape.startswith("transposed") else None
-    on_sm90 = jax_mla.kernel_info().get("kernel") == "sm90"
-    if key and on_sm90 and not stats.get(key):
+    # The cases must have run on the requested shape (sm90_shape_check.py).
+    failure = shape_check_failure()
+    if failure:
         bad += 1
-        print(f"FAIL JAX_MLA_SM90_NARROW={shape} but no launch on that shape: {stats}", flush=True)
-    print(f"launches: {stats}", flush=True)
+        print("FAIL", failure, flush=True)
+    print(f"launches: {jax_mla._ext.cuda_call_stats()}", flush=True)
     print(f"{ran} cases, {bad} failed", flush=True)
     return 1 if bad or not ran else 0
 

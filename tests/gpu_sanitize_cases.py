@@ -16,6 +16,7 @@ import numpy as np  # noqa: E402
 
 import cases  # noqa: E402
 import jax_mla  # noqa: E402
+from sm90_shape_check import shape_check_failure  # noqa: E402
 
 SMALL = [
     # odd tile count, partial last page, two requests split over parts
@@ -50,6 +51,11 @@ def main() -> int:
             except AssertionError as e:
                 bad += 1
                 print("FAIL", kernel, case.id, str(e)[:400], flush=True)
+    # With JAX_MLA_SM90_NARROW set, the <= 16-row cases above must have run on that shape.
+    failure = shape_check_failure()
+    if failure:
+        bad += 1
+        print("FAIL", failure, flush=True)
     return 1 if bad else 0
 
 
