@@ -18,12 +18,13 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/device-out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-# The device tool returns at most 8 files: the logs travel as one archive.
-# Several invocations in one call each get their own archive (logs.tgz, logs-2.tgz, ...).
+# The device tool returns at most 8 files: the logs and result JSONs (bench*.json, ab-N.json) travel
+# as one archive per invocation (logs.tgz, logs-2.tgz, ...), so several invocations fit in one call.
 pack_logs() {
   (cd "$OUT" && ls *.log >/dev/null 2>&1 || exit 0
    name=logs.tgz; n=2; while [ -e "$name" ]; do name="logs-$n.tgz"; n=$((n + 1)); done
-   tar czf "$name" *.log $(ls *.csv 2>/dev/null) && rm -f *.log *.csv) || true
+   extra=$(ls *.csv *.json 2>/dev/null)
+   tar czf "$name" *.log $extra && rm -f *.log $extra) || true
 }
 trap pack_logs EXIT
 # -P everywhere: the checkout's jax_mla/ (no compiled module) must not shadow the installed one.
