@@ -13,6 +13,17 @@ enum class DType : int { kBF16 = 0, kF16 = 1 };
 // L2 eviction priority of the KV cache copies (GPU kernels with a TMA producer).
 enum class KvL2Hint : int { kNone = 0, kEvictFirst = 1, kEvictLast = 2 };
 
+// SM90 kernel for requests of <= 16 query rows (cuda/sm90/config.h, transposed_kernel.cuh), in the
+// order of JAX_MLA_SM90_NARROW's names 0, 1, transposed, transposed_pipelined, transposed_splitk.
+// The transposed kernels have not run on a GPU in their current design.
+enum class Sm90SmallRows : int {
+  kWide = 0,                // the wide shape, as every other request
+  kNarrow = 1,              // Q of 16 rows, a 25-slot ring, wgmma still 64 rows
+  kTransposed = 2,          // S^T = K Q^T, O^T = V^T P^T with m64n16k16
+  kTransposedPipelined = 3, // ... with the next tile's S^T issued behind each P V
+  kTransposedSplitK = 4,    // ... pipelined, S^T's k-steps split between the consumers
+};
+
 struct DecodeParams {
   // Shapes.
   int batch;         // b
@@ -40,21 +51,11 @@ struct DecodeParams {
   // SM90 with clusters: whether the CTAs of a cluster share each KV tile by multicast (true), or
   // the cluster only places a part's row blocks on one GPC and each CTA loads its own tiles.
   bool cluster_shares_tiles = true;
-  // SM90: requests of at most 16 query rows (s_q * h_q) run the narrow shape (cuda/sm90/config.h:
-  // Q of 16 rows, a deeper KV ring) when set; otherwise every request runs the wide shape. The CUDA
-  // handler sets it from JAX_MLA_SM90_NARROW (default off).
-  bool sm90_narrow = false;
-  // SM90: the same requests run the transposed shape instead (cuda/sm90/config.h TransposedShape;
-  // JAX_MLA_SM90_NARROW=transposed). Its current design (both consumers on every tile) has not run on a GPU yet.
-  bool sm90_transposed = false;
-  // ... with S^T of the next tile issued behind each tile's P V (JAX_MLA_SM90_NARROW=transposed_pipelined;
-  // cuda/sm90/transposed_kernel.cuh kPipelined). Not yet run on a GPU.
-  bool sm90_transposed_pipelined = false;
-  // ... pipelined, with S^T split between the consumers by k-steps (JAX_MLA_SM90_NARROW=transposed_splitk;
-  // transposed_kernel.cuh kSplitK). Not yet run on a GPU.
-  bool sm90_transposed_split_k = false;
-  // ... and for requests of any number of rows, in row blocks of 16 (grid: row blocks x parts), when
-  // also set (JAX_MLA_SM90_TRANSPOSED_ROWS=all). Not yet run on a GPU.
+  // SM90: the kernel for requests of at most 16 query rows (s_q * h_q); the CUDA handler sets it
+  // from JAX_MLA_SM90_NARROW (names in Sm90SmallRows' order; default 0, the wide shape).
+  Sm90SmallRows sm90_small_rows = Sm90SmallRows::kWide;
+  // SM90: a transposed sm90_small_rows kernel for requests of any number of rows too, in row blocks
+  // of 16 (grid: row blocks x parts; JAX_MLA_SM90_TRANSPOSED_ROWS=all). Not yet run on a GPU.
   bool sm90_transposed_all_rows = false;
   // SM90 wide shape, pages of >= 64 tokens, no cluster: each KV tile as 3 TMA copies of 3 boxes
   // (kv_producer.cuh kBoxesPerGroup) instead of 9 copies of one box. The CUDA handler sets it from

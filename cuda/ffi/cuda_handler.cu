@@ -117,18 +117,11 @@ struct ProcessEnv {
   KvL2Hint kv_l2_hint = KvL2Hint::kNone;  // JAX_MLA_KV_L2_HINT: none (default) | evict_first | evict_last
   bool row_blocks_adjacent = true;  // JAX_MLA_SM90_GRID: row_blocks_adjacent (default) | parts_major
   // JAX_MLA_SM90_NARROW: 0 (default: every request on the wide shape) | 1 (<= 16 rows on the narrow
-  // shape; not faster on an H100, not yet measured on an H200: docs/performance.md, 2026-12-05).
-  bool sm90_narrow = false;
-  // JAX_MLA_SM90_NARROW=transposed: the transposed shape for <= 16 rows (cuda/sm90/transposed_kernel.cuh;
-  // first design 5-7% slower than the wide shape on b64/h16 on an H200; the second, current design not
-  // yet run: docs/performance.md, eleventh session).
-  bool sm90_transposed = false;
-  // JAX_MLA_SM90_NARROW=transposed_pipelined: the same with S^T of the next tile issued behind each
-  // tile's P V (transposed_kernel.cuh kPipelined; not yet run).
-  bool sm90_transposed_pipelined = false;
-  // JAX_MLA_SM90_NARROW=transposed_splitk: pipelined, and S^T split between the consumers by k-steps
-  // (transposed_kernel.cuh kSplitK; not yet run).
-  bool sm90_transposed_split_k = false;
+  // shape; not faster on an H100, not yet measured on an H200: docs/performance.md, 2026-12-05) |
+  // transposed | transposed_pipelined | transposed_splitk (the transposed kernel's variants,
+  // cuda/sm90/transposed_kernel.cuh; its first design was 5-7% slower than the wide shape on
+  // b64/h16 on an H200, the current one has not run: docs/performance.md, eleventh session).
+  Sm90SmallRows sm90_small_rows = Sm90SmallRows::kWide;
   // JAX_MLA_SM90_TRANSPOSED_ROWS: 16 (default: the transposed shape only for <= 16 rows) | all (every
   // request on it, in row blocks of 16; with a transposed JAX_MLA_SM90_NARROW only; not yet run).
   bool sm90_transposed_all_rows = false;
@@ -156,13 +149,9 @@ const ProcessEnv& process_env() {
     e.kv_l2_hint = static_cast<KvL2Hint>(hint);  // names in KvL2Hint's order
     e.row_blocks_adjacent = env_choice("JAX_MLA_SM90_GRID", {"parts_major", "row_blocks_adjacent"},
                                        e.row_blocks_adjacent ? 1 : 0) == 1;
-    const int narrow =
+    e.sm90_small_rows = static_cast<Sm90SmallRows>(  // names in Sm90SmallRows' order
         env_choice("JAX_MLA_SM90_NARROW", {"0", "1", "transposed", "transposed_pipelined", "transposed_splitk"},
-                   e.sm90_narrow ? 1 : 0);
-    e.sm90_narrow = narrow == 1;
-    e.sm90_transposed = narrow >= 2;
-    e.sm90_transposed_pipelined = narrow >= 3;
-    e.sm90_transposed_split_k = narrow == 4;
+                   static_cast<int>(e.sm90_small_rows)));
     e.sm90_transposed_all_rows = env_choice("JAX_MLA_SM90_TRANSPOSED_ROWS", {"16", "all"}, 0) == 1;
     e.sm90_grouped_copies = env_choice("JAX_MLA_SM90_KV_COPY", {"box", "group"}, e.sm90_grouped_copies ? 1 : 0) == 1;
     return e;
@@ -320,10 +309,7 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   p.kv_l2_hint = process_env().kv_l2_hint;
   p.row_blocks_adjacent = process_env().row_blocks_adjacent && p.cluster_row_blocks == 1;
   p.cluster_shares_tiles = !process_env().sm90_cluster_placement;
-  p.sm90_narrow = process_env().sm90_narrow;
-  p.sm90_transposed = process_env().sm90_transposed;
-  p.sm90_transposed_pipelined = process_env().sm90_transposed_pipelined;
-  p.sm90_transposed_split_k = process_env().sm90_transposed_split_k;
+  p.sm90_small_rows = process_env().sm90_small_rows;
   p.sm90_transposed_all_rows = process_env().sm90_transposed_all_rows;
   p.sm90_grouped_copies = process_env().sm90_grouped_copies;
 #if JAX_MLA_TRACE_BUFFER

@@ -17,11 +17,11 @@
 // consumer 0's P V; 256-511: consumer 1's; the RoPE box, which holds P: the non-owner's P V), and
 // the producer refills slot by slot.
 //
-// A third kernel, for <= 16 rows and only with JAX_MLA_SM90_NARROW=transposed, is TransposedShape
+// A third kernel, for <= 16 rows and only with a transposed JAX_MLA_SM90_NARROW, is TransposedShapeT
 // below (transposed_kernel.cuh). Two shapes (KernelShape below), chosen per call by the number of
-// query rows (launch.cuh), the
-// narrow one only when DecodeParams::sm90_narrow is set (JAX_MLA_SM90_NARROW=1; off by default: on
-// an H100 it was not faster than the wide shape on b64/h16/8K, docs/performance.md 2026-12-05):
+// query rows (launch.cuh), the narrow one only when DecodeParams::sm90_small_rows is kNarrow
+// (JAX_MLA_SM90_NARROW=1; off by default: on an H100 it was not faster than the wide shape on
+// b64/h16/8K, docs/performance.md 2026-12-05):
 //   wide:   Q of a whole 64-row block (72 KB) + 18 slots, i.e. two whole tiles, as the two stages
 //           of the kernel before the box ring;
 //   narrow: rows <= 16 (e.g. h_q = 16, s_q = 1: DeepSeek-V3 at TP 8). Q keeps its 16 rows only

@@ -17,22 +17,20 @@ cudaError_t set_max_smem() {
                               kSmemBytes<Element, Shape>);
 }
 
+// The transposed kernel's variants (transposed_kernel.cuh): <kPipelined, kSplitK>.
+template <typename Element, bool kPipelined, bool kSplitK>
+cudaError_t set_max_smem_t() {
+  return cudaFuncSetAttribute(decode_kernel_t<Element, kPipelined, kSplitK>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytesT<Element, kSplitK>);
+}
+
 template <typename Element>
 cudaError_t setup_decode() {
   cudaError_t e = set_max_smem<Element, WideShape>();
   if (e == cudaSuccess) e = set_max_smem<Element, NarrowShape>();
-  if (e == cudaSuccess) {
-    e = cudaFuncSetAttribute(decode_kernel_t<Element, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             kSmemBytesT<Element, false>);
-  }
-  if (e == cudaSuccess) {
-    e = cudaFuncSetAttribute(decode_kernel_t<Element, true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             kSmemBytesT<Element, false>);
-  }
-  if (e == cudaSuccess) {
-    e = cudaFuncSetAttribute(decode_kernel_t<Element, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             kSmemBytesT<Element, true>);
-  }
+  if (e == cudaSuccess) e = set_max_smem_t<Element, false, false>();
+  if (e == cudaSuccess) e = set_max_smem_t<Element, true, false>();
+  if (e == cudaSuccess) e = set_max_smem_t<Element, true, true>();
   return e;
 }
 
@@ -77,23 +75,30 @@ cudaError_t launch_shape(const DecodeParams& p, const CUtensorMap& q_map, const 
   return cudaLaunchKernelEx(&cfg, decode_kernel<Element, Shape>, p, q_map, kv_map, kv_group_map);
 }
 
+// A transposed variant over row blocks of 16 rows (one unless p.sm90_transposed_all_rows), no
+// cluster: grid (row blocks, parts) or (parts, row blocks) as p.row_blocks_adjacent says.
+template <typename Element, bool kPipelined, bool kSplitK>
+cudaError_t launch_t(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
+                     const CUtensorMap& kv_group_map, cudaStream_t stream) {
+  const unsigned m_blocks = static_cast<unsigned>((p.rows + kNarrowMaxRows - 1) / kNarrowMaxRows);
+  const dim3 grid = p.row_blocks_adjacent ? dim3(m_blocks, p.num_parts) : dim3(p.num_parts, m_blocks);
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t cfg = pdl_launch_config(grid, dim3(kThreads), kSmemBytesT<Element, kSplitK>, stream, &attr);
+  return cudaLaunchKernelEx(&cfg, decode_kernel_t<Element, kPipelined, kSplitK>, p, q_map, kv_map, kv_group_map);
+}
+
 template <typename Element>
 cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
                           const CUtensorMap& kv_group_map, cudaStream_t stream) {
   if (uses_transposed_shape(p)) {
-    // Row blocks of 16 rows (one unless p.sm90_transposed_all_rows), no cluster: grid
-    // (row blocks, parts) or (parts, row blocks) as p.row_blocks_adjacent says.
-    const unsigned m_blocks = static_cast<unsigned>((p.rows + kNarrowMaxRows - 1) / kNarrowMaxRows);
-    const dim3 grid = p.row_blocks_adjacent ? dim3(m_blocks, p.num_parts) : dim3(p.num_parts, m_blocks);
-    cudaLaunchAttribute attr;
-    if (p.sm90_transposed_split_k) {
-      cudaLaunchConfig_t cfg = pdl_launch_config(grid, dim3(kThreads), kSmemBytesT<Element, true>, stream, &attr);
-      return cudaLaunchKernelEx(&cfg, decode_kernel_t<Element, true, true>, p, q_map, kv_map, kv_group_map);
+    switch (p.sm90_small_rows) {
+      case Sm90SmallRows::kTransposedPipelined:
+        return launch_t<Element, true, false>(p, q_map, kv_map, kv_group_map, stream);
+      case Sm90SmallRows::kTransposedSplitK:
+        return launch_t<Element, true, true>(p, q_map, kv_map, kv_group_map, stream);
+      default:
+        return launch_t<Element, false, false>(p, q_map, kv_map, kv_group_map, stream);
     }
-    cudaLaunchConfig_t cfg = pdl_launch_config(grid, dim3(kThreads), kSmemBytesT<Element, false>, stream, &attr);
-    return p.sm90_transposed_pipelined
-               ? cudaLaunchKernelEx(&cfg, decode_kernel_t<Element, true, false>, p, q_map, kv_map, kv_group_map)
-               : cudaLaunchKernelEx(&cfg, decode_kernel_t<Element, false, false>, p, q_map, kv_map, kv_group_map);
   }
   return uses_narrow_shape(p) ? launch_shape<Element, NarrowShape>(p, q_map, kv_map, kv_group_map, stream)
                               : launch_shape<Element, WideShape>(p, q_map, kv_map, kv_group_map, stream);
