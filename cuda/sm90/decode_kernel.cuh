@@ -73,6 +73,21 @@ __device__ __forceinline__ void producer_main(Storage& s, const DecodeParams& p,
   tr.finish();
 }
 
+// What a CTA of either SM90 kernel works on: its row block and its part's schedule entry. The grid
+// is (row blocks, parts) when p.row_blocks_adjacent (the row blocks of a part, which read the same
+// tiles, get consecutive CTA ids), else (parts, row blocks).
+struct CtaWork {
+  int m_block;
+  const int32_t* part_info;      // (kPartFields) of this CTA's part
+  const int32_t* split_offsets;  // (b + 1)
+  __device__ __forceinline__ explicit CtaWork(const DecodeParams& p) {
+    const int part = p.row_blocks_adjacent ? blockIdx.y : blockIdx.x;
+    m_block = p.row_blocks_adjacent ? blockIdx.x : blockIdx.y;
+    part_info = p.schedule + static_cast<int64_t>(part) * kPartFields;
+    split_offsets = p.schedule + static_cast<int64_t>(p.num_parts) * kPartFields;
+  }
+};
+
 // A consumer's view of the ring position of the CTA's next tile, and who owns that tile.
 template <typename Shape>
 struct TileCursor {
@@ -506,23 +521,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   cta_tr.mark_both(kTrDepReady);
   cta_tr.finish();
 
-  const int part = p.row_blocks_adjacent ? blockIdx.y : blockIdx.x;
-  const int m_block = p.row_blocks_adjacent ? blockIdx.x : blockIdx.y;
-  const int32_t* part_info = p.schedule + static_cast<int64_t>(part) * kPartFields;
-  const int32_t* split_offsets = p.schedule + static_cast<int64_t>(p.num_parts) * kPartFields;
+  const CtaWork work(p);
   // Warp-uniform by construction (a shuffle from lane 0), so branches on it are not divergent for
   // ptxas: wgmma in a branch it cannot prove uniform gets serialized.
   const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      producer_main<Element, Shape>(s, p, &q_map, &kv_map, grouped_copies ? &kv_group_map : nullptr, part_info,
-                                    split_offsets, m_block, cta_rank, cluster_size);
+      producer_main<Element, Shape>(s, p, &q_map, &kv_map, grouped_copies ? &kv_group_map : nullptr,
+                                    work.part_info, work.split_offsets, work.m_block, cta_rank, cluster_size);
     }
     __syncwarp();
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    consumer_main(s, p, part_info, split_offsets, m_block, warpgroup - 1, cluster_size, grouped_copies);
+    consumer_main(s, p, work.part_info, work.split_offsets, work.m_block, warpgroup - 1, cluster_size,
+                  grouped_copies);
   }
   // No CTA may exit while a peer can still multicast into its shared memory or arrive on its
   // barriers: every peer has released its last boxes before it gets here.

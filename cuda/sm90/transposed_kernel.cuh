@@ -370,23 +370,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   ptx::grid_dependency_wait();
   ptx::grid_launch_dependents();
 
-  // Grid (row blocks of 16 rows, parts) or (parts, row blocks) as for the other shapes; one row
-  // block unless JAX_MLA_SM90_TRANSPOSED_ROWS=all sends requests of more than 16 rows here.
-  const int part = p.row_blocks_adjacent ? blockIdx.y : blockIdx.x;
-  const int m_block = p.row_blocks_adjacent ? blockIdx.x : blockIdx.y;
-  const int32_t* part_info = p.schedule + static_cast<int64_t>(part) * kPartFields;
-  const int32_t* split_offsets = p.schedule + static_cast<int64_t>(p.num_parts) * kPartFields;
+  // Row blocks of 16 rows: one unless JAX_MLA_SM90_TRANSPOSED_ROWS=all sends requests of more than
+  // 16 rows here.
+  const CtaWork work(p);
   const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      producer_main<Element, TransposedShapeT<kSplitK>>(s, p, &q_map, &kv_map, nullptr, part_info, split_offsets,
-                                                        m_block, 0, 1);
+      producer_main<Element, TransposedShapeT<kSplitK>>(s, p, &q_map, &kv_map, nullptr, work.part_info,
+                                                        work.split_offsets, work.m_block, 0, 1);
     }
     __syncwarp();
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    consumer_t_main<Element, kPipelined, kSplitK>(s, p, part_info, split_offsets, m_block, warpgroup - 1);
+    consumer_t_main<Element, kPipelined, kSplitK>(s, p, work.part_info, work.split_offsets, work.m_block,
+                                                  warpgroup - 1);
   }
 #endif
 }
