@@ -1,7 +1,6 @@
 """The SM90 kernel's shapes for <= 16 query rows (cuda/sm90/config.h; off by default,
 JAX_MLA_SM90_NARROW=1, transposed, transposed_pipelined or transposed_splitk) on every case of tests/test_gpu.py with at
-most 16 query rows, against the CPU reference; with JAX_MLA_SM90_TRANSPOSED_ROWS=all, the transposed
-kernel on every case of test_gpu.CASES (all row counts). Run by
+most 16 query rows, against the CPU reference. Run by
 tests/test_gpu_narrow.py in a subprocess, since the CUDA handler reads JAX_MLA_SM90_NARROW once per
 process. Prints one line per case; exits non-zero when a case fails or none ran."""
 
@@ -19,8 +18,6 @@ from sm90_shape_check import shape_check_failure  # noqa: E402
 
 
 def narrow_cases():
-    if os.environ.get("JAX_MLA_SM90_TRANSPOSED_ROWS") == "all":  # every request on the transposed kernel
-        return list(test_gpu.CASES)
     return [c for c in test_gpu.CASES + test_gpu.LARGE_CASES if c.s_q * c.h_q <= 16]
 
 

@@ -18,18 +18,15 @@ pytestmark = pytest.mark.gpu
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
-# (JAX_MLA_SM90_NARROW, JAX_MLA_SM90_TRANSPOSED_ROWS): the three shapes for <= 16 rows, and the
-# transposed kernel on every request in row blocks of 16 ("all": the worker then runs all of
-# test_gpu.CASES, every row count, instead of the <= 16-row ones).
-SHAPES = [("1", "16"), ("transposed", "16"), ("transposed_pipelined", "16"), ("transposed_splitk", "16"),
-          ("transposed_pipelined", "all"), ("transposed_splitk", "all")]
+# JAX_MLA_SM90_NARROW: the narrow shape and the transposed kernel's three variants.
+SHAPES = ["1", "transposed", "transposed_pipelined", "transposed_splitk"]
 
 
-@pytest.mark.parametrize("shape,rows", SHAPES, ids=[f"{s}-rows{r}" for s, r in SHAPES])
-def test_narrow_shape_matches_reference(tmp_path, shape, rows):
-    # 300 s, well under a device call's 600: a shape that deadlocks (the transposed one has never
-    # run) fails this test instead of holding the whole call.
-    env = dict(os.environ, JAX_MLA_SM90_NARROW=shape, JAX_MLA_SM90_TRANSPOSED_ROWS=rows)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_narrow_shape_matches_reference(tmp_path, shape):
+    # 300 s, well under a device call's 600: a shape that deadlocks fails this test instead of
+    # holding the whole call.
+    env = dict(os.environ, JAX_MLA_SM90_NARROW=shape)
     env.pop("JAX_MLA_KERNEL", None)
     proc = subprocess.run([sys.executable, "-P", os.path.join(TESTS, "gpu_narrow_worker.py")], cwd=str(tmp_path),
                           env=env, capture_output=True, text=True, timeout=300)

@@ -54,9 +54,6 @@ struct DecodeParams {
   // SM90: the kernel for requests of at most 16 query rows (s_q * h_q); the CUDA handler sets it
   // from JAX_MLA_SM90_NARROW (names in Sm90SmallRows' order; default 0, the wide shape).
   Sm90SmallRows sm90_small_rows = Sm90SmallRows::kWide;
-  // SM90: a transposed sm90_small_rows kernel for requests of any number of rows too, in row blocks
-  // of 16 (grid: row blocks x parts; JAX_MLA_SM90_TRANSPOSED_ROWS=all). Not yet run on a GPU.
-  bool sm90_transposed_all_rows = false;
   // SM90 wide shape, pages of >= 64 tokens, no cluster: each KV tile as 3 TMA copies of 3 boxes
   // (kv_producer.cuh kBoxesPerGroup) instead of 9 copies of one box. The CUDA handler sets it from
   // JAX_MLA_SM90_KV_COPY (group, its default | box).

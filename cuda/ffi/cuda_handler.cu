@@ -120,11 +120,9 @@ struct ProcessEnv {
   // shape; not faster on an H100, not yet measured on an H200: docs/performance.md, 2026-12-05) |
   // transposed | transposed_pipelined | transposed_splitk (the transposed kernel's variants,
   // cuda/sm90/transposed_kernel.cuh; its first design was 5-7% slower than the wide shape on
-  // b64/h16 on an H200, the current one has not run: docs/performance.md, eleventh session).
+  // b64/h16 on an H200; the current one is level with it on an H100, where that config is
+  // load-bound, and not yet measured on an H200: docs/performance.md, twelfth session).
   Sm90SmallRows sm90_small_rows = Sm90SmallRows::kWide;
-  // JAX_MLA_SM90_TRANSPOSED_ROWS: 16 (default: the transposed shape only for <= 16 rows) | all (every
-  // request on it, in row blocks of 16; with a transposed JAX_MLA_SM90_NARROW only; not yet run).
-  bool sm90_transposed_all_rows = false;
   // JAX_MLA_SM90_KV_COPY: group (default: 3 copies of 3 boxes per KV tile; kv_producer.cuh) | box
   // (9 copies of one box). On an H100, group was 1.6% faster on b64/h16 in both A/B pairs, level or
   // 4% faster on b128/4K (docs/performance.md, 2026-12-05, tenth session); not measured on an H200.
@@ -140,7 +138,7 @@ const ProcessEnv& process_env() {
     e.self_check = c ? c : "";
     e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
     // Tuning switches (not semantics): JAX_MLA_SM90_CLUSTER, JAX_MLA_KV_L2_HINT, JAX_MLA_SM90_GRID,
-    // JAX_MLA_SM90_NARROW, JAX_MLA_SM90_TRANSPOSED_ROWS, JAX_MLA_SM90_KV_COPY.
+    // JAX_MLA_SM90_NARROW, JAX_MLA_SM90_KV_COPY.
     const int cluster = env_choice("JAX_MLA_SM90_CLUSTER", {"0", "1", "placement"}, -1);
     if (cluster >= 0) e.sm90_cluster = cluster == 0 ? 0 : 1;
     e.sm90_cluster_placement = cluster == 2;
@@ -152,7 +150,6 @@ const ProcessEnv& process_env() {
     e.sm90_small_rows = static_cast<Sm90SmallRows>(  // names in Sm90SmallRows' order
         env_choice("JAX_MLA_SM90_NARROW", {"0", "1", "transposed", "transposed_pipelined", "transposed_splitk"},
                    static_cast<int>(e.sm90_small_rows)));
-    e.sm90_transposed_all_rows = env_choice("JAX_MLA_SM90_TRANSPOSED_ROWS", {"16", "all"}, 0) == 1;
     e.sm90_grouped_copies = env_choice("JAX_MLA_SM90_KV_COPY", {"box", "group"}, e.sm90_grouped_copies ? 1 : 0) == 1;
     return e;
   }();
@@ -310,7 +307,6 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   p.row_blocks_adjacent = process_env().row_blocks_adjacent && p.cluster_row_blocks == 1;
   p.cluster_shares_tiles = !process_env().sm90_cluster_placement;
   p.sm90_small_rows = process_env().sm90_small_rows;
-  p.sm90_transposed_all_rows = process_env().sm90_transposed_all_rows;
   p.sm90_grouped_copies = process_env().sm90_grouped_copies;
 #if JAX_MLA_TRACE_BUFFER
   if (device == 0) {

@@ -75,13 +75,13 @@ cudaError_t launch_shape(const DecodeParams& p, const CUtensorMap& q_map, const 
   return cudaLaunchKernelEx(&cfg, decode_kernel<Element, Shape>, p, q_map, kv_map, kv_group_map);
 }
 
-// A transposed variant over row blocks of 16 rows (one unless p.sm90_transposed_all_rows), no
-// cluster: grid (row blocks, parts) or (parts, row blocks) as p.row_blocks_adjacent says.
+// A transposed variant: requests of at most 16 rows (uses_transposed_shape), so one row block, no
+// cluster: grid (1, parts) or (parts, 1) as p.row_blocks_adjacent says (CtaWork reads it either way).
 template <typename Element, bool kPipelined, bool kSplitK>
 cudaError_t launch_t(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
                      const CUtensorMap& kv_group_map, cudaStream_t stream) {
-  const unsigned m_blocks = static_cast<unsigned>((p.rows + kNarrowMaxRows - 1) / kNarrowMaxRows);
-  const dim3 grid = p.row_blocks_adjacent ? dim3(m_blocks, p.num_parts) : dim3(p.num_parts, m_blocks);
+  const unsigned parts = static_cast<unsigned>(p.num_parts);
+  const dim3 grid = p.row_blocks_adjacent ? dim3(1, parts) : dim3(parts, 1);
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t cfg = pdl_launch_config(grid, dim3(kThreads), kSmemBytesT<Element, kSplitK>, stream, &attr);
   return cudaLaunchKernelEx(&cfg, decode_kernel_t<Element, kPipelined, kSplitK>, p, q_map, kv_map, kv_group_map);

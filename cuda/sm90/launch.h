@@ -15,15 +15,13 @@ inline constexpr int kClusterRowBlocks = 2;
 
 // Requests of at most this many query rows run p.sm90_small_rows's kernel (JAX_MLA_SM90_NARROW; the
 // wide shape unless set): the narrow shape (config.h) or a transposed variant
-// (transposed_kernel.cuh). With p.sm90_transposed_all_rows (JAX_MLA_SM90_TRANSPOSED_ROWS=all) a
-// transposed variant takes every request, in row blocks of 16 (an experiment for small batches: no
-// padding of rows, more CTAs per request).
+// (transposed_kernel.cuh).
 inline constexpr int kNarrowMaxRows = 16;
 inline bool uses_narrow_shape(const DecodeParams& p) {
   return p.sm90_small_rows == Sm90SmallRows::kNarrow && p.rows <= kNarrowMaxRows;
 }
 inline bool uses_transposed_shape(const DecodeParams& p) {
-  return p.sm90_small_rows >= Sm90SmallRows::kTransposed && (p.rows <= kNarrowMaxRows || p.sm90_transposed_all_rows);
+  return p.sm90_small_rows >= Sm90SmallRows::kTransposed && p.rows <= kNarrowMaxRows;
 }
 
 // Rows of the Q tensor map's box that launch_decode expects: 16 for the narrow and transposed

@@ -1,7 +1,6 @@
 // The SM90 decode kernel's transposed shape, for requests of at most 16 query rows (DeepSeek-V3 at
 // TP 8: h_q = 16, s_q = 1), opt-in with JAX_MLA_SM90_NARROW=transposed (or transposed_pipelined,
-// transposed_splitk: kPipelined, kSplitK below), and for any row count in row blocks of 16 with
-// JAX_MLA_SM90_TRANSPOSED_ROWS=all. See config.h (TransposedShapeT) for the idea; the producer is
+// transposed_splitk: kPipelined, kSplitK below). See config.h (TransposedShapeT) for the idea; the producer is
 // decode_kernel.cuh's, on a box ring of 25 slots (23 with kSplitK).
 //
 // Per consumer c (warpgroup 1 + c) and every tile, all in wgmma m64n16k16 with both operands in
@@ -370,8 +369,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   ptx::grid_dependency_wait();
   ptx::grid_launch_dependents();
 
-  // Row blocks of 16 rows: one unless JAX_MLA_SM90_TRANSPOSED_ROWS=all sends requests of more than
-  // 16 rows here.
+  // One row block of at most 16 rows (launch_t).
   const CtaWork work(p);
   const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);
   if (warpgroup == 0) {
