@@ -15,7 +15,7 @@ enum class KvL2Hint : int { kNone = 0, kEvictFirst = 1, kEvictLast = 2 };
 
 // SM90 kernel for requests of <= 16 query rows (cuda/sm90/config.h, transposed_kernel.cuh), in the
 // order of JAX_MLA_SM90_NARROW's names 0, 1, transposed, transposed_pipelined, transposed_splitk.
-// The transposed kernels have not run on a GPU in their current design.
+// All pass the GPU suite; none is the default (docs/performance.md, twelfth session).
 enum class Sm90SmallRows : int {
   kWide = 0,                // the wide shape, as every other request
   kNarrow = 1,              // Q of 16 rows, a 25-slot ring, wgmma still 64 rows

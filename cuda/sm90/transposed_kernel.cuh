@@ -165,8 +165,8 @@ static_assert(TransposedShapeT<true>::kNumSlots >= 2 * kKvBoxesQK, "kPipelined r
 //
 // kSplitK (JAX_MLA_SM90_NARROW=transposed_splitk, always pipelined): each consumer issues half of
 // S^T's k-steps; after its wgmma wait it writes its partial into xchg[tile parity][consumer], both
-// meet at kBarTScores (every tile), and each adds the other's partial (lo + hi in both, so both hold
-// the same bits). The double buffer: a consumer writes xchg[parity][c] again two tiles later, after
+// meet at kBarTScores (every tile), and each adds the other's partial (a commutative fp32 add, so
+// both hold the same bits). The double buffer: a consumer writes xchg[parity][c] again two tiles later, after
 // the next tile's kBarTScores, which the other passes only after its read of this one.
 template <typename Element, bool kPipelined, bool kSplitK>
 __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element, kSplitK>& s, const DecodeParams& p,
@@ -227,9 +227,11 @@ __device__ __forceinline__ void consumer_t_main(TransposedStorage<Element, kSpli
 #pragma unroll
         for (int k = 0; k < kTRegsS; k += 4) {
           const float4 x = other[k / 4][thread];
-          const float y[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sc[k + e] = consumer == 0 ? sc[k + e] + y[e] : y[e] + sc[k + e];
+          // IEEE addition is commutative: mine + other is the same bits in both consumers.
+          sc[k] += x.x;
+          sc[k + 1] += x.y;
+          sc[k + 2] += x.z;
+          sc[k + 3] += x.w;
         }
       }
       // The boxes only S^T reads: this consumer is done with them (the other's release follows its
