@@ -205,6 +205,18 @@ __device__ __forceinline__ void mbarrier_wait_cluster(uint64_t* bar, uint32_t ph
       : "memory");
 }
 
+// A counter in this CTA's shared memory that one thread advances and another polls: release store,
+// acquire load (CTA scope). For hand-offs where an mbarrier's phase parity would be ambiguous
+// because the writer may run several steps ahead of the reader.
+__device__ __forceinline__ void st_release_shared(int* p, int v) {
+  asm volatile("st.release.cta.shared::cta.s32 [%0], %1;" ::"r"(smem_addr(p)), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_acquire_shared(const int* p) {
+  int v;
+  asm volatile("ld.acquire.cta.shared::cta.s32 %0, [%1];" : "=r"(v) : "r"(smem_addr(p)) : "memory");
+  return v;
+}
+
 // Loads from the shared memory of a CTA of the cluster (address from map_shared_rank). Volatile, so
 // they stay behind the mbarrier_wait_cluster that publishes the data (no memory clobber: other
 // memory accesses may still be scheduled around them).

@@ -64,6 +64,7 @@ struct DeviceInfo {
   std::string self_check_detail;
   int sm90_cluster_row_blocks = 1;  // SM90 launch policy (DecodeParams::cluster_row_blocks)
   int sm90_max_active_clusters = 0;
+  int sm90_split_clusters[3] = {0, 0, 0};  // resident clusters of split parts, k = 2, 4, 8
 };
 
 constexpr int kMaxDevices = 64;
@@ -199,6 +200,9 @@ ffi::Error init_device_locked(int device) {
     const bool fits = info.sm90_max_active_clusters * sm90::kClusterRowBlocks >= info.sm_count;
     const bool on = env.sm90_cluster >= 0 ? env.sm90_cluster == 1 : (kSm90ClusterDefault && fits);
     info.sm90_cluster_row_blocks = on ? sm90::kClusterRowBlocks : 1;
+    for (int i = 0; i < 3; ++i) {
+      info.sm90_split_clusters[i] = sm90::max_active_split_clusters<__nv_bfloat16>(2 << i, env.row_blocks_adjacent);
+    }
   }
 #endif
   const AutoCandidate candidate = auto_candidate(prop.major, prop.minor, built_kernels(), env.mode);
@@ -396,6 +400,7 @@ CudaCallStats cuda_call_stats() {
   if (g_devices[0].ready.load(std::memory_order_acquire)) {
     st.sm90_cluster_row_blocks = g_devices[0].sm90_cluster_row_blocks;
     st.sm90_max_active_clusters = g_devices[0].sm90_max_active_clusters;
+    for (int i = 0; i < 3; ++i) st.sm90_split_clusters[i] = g_devices[0].sm90_split_clusters[i];
   }
   return st;
 }

@@ -100,6 +100,7 @@ struct alignas(1024) SharedStorage {
   float split_lse[kBlockM];                             // log2 units; NaN: bad request, -inf: no key
   uint64_t split_ready;                                 // every CTA of the cluster published its O (k arrivals)
   uint64_t split_done;                                  // every CTA of the cluster read this CTA's O (k arrivals)
+  int split_merges_read;                                // merges whose O every peer has read (consumers -> producer)
 };
 
 // Transposed shape (rows <= 16, only with JAX_MLA_SM90_NARROW=transposed; transposed_kernel.cuh).

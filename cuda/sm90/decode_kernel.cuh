@@ -75,9 +75,10 @@ __device__ __forceinline__ void producer_main(Storage& s, const DecodeParams& p,
       [&](int index) {
         if constexpr (kSplit) {
           // Split parts: the cluster merged the earlier pieces in the ring (split_combine.cuh); no
-          // TMA write may land there before every peer has read this CTA's O of piece index - 1.
+          // TMA write may land there before every peer has read this CTA's O of pieces < index.
           if (index > 0) {
-            ptx::mbarrier_wait_cluster(&s.split_done, (index - 1) & 1);
+            while (ptx::ld_acquire_shared(&s.split_merges_read) < index) {
+            }
             ptx::fence_proxy_async_smem();
           }
         }
@@ -550,6 +551,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kSplit) {
       ptx::mbarrier_init(&s.split_ready, split.count);
       ptx::mbarrier_init(&s.split_done, split.count);
+      s.split_merges_read = 0;
     }
     ptx::fence_barrier_init();
   }

@@ -11,8 +11,7 @@
 //
 // Protocol, per piece of the part (n = the piece's index in the part, the same in every CTA of the
 // cluster; every CTA takes part, even one whose run of the piece is empty):
-//   1. wait split_done, phase n - 1: every peer finished reading this CTA's previous O (the ring may
-//      be overwritten; the producer waits on the same phase before loading piece n's tiles);
+//   1. (merge n - 1 ended with every peer done reading this CTA's O: the ring is free);
 //   2. both consumers write their normalised O (o / row sum: 64 x 256 fp32 each) into the drained KV
 //      ring, XOR-swizzled by 16-byte chunk; consumer 0 writes the rows' natural-log LSE;
 //   3. named barrier over the 256 consumer threads, then one thread arrives (release.cluster) on
@@ -22,7 +21,14 @@
 //      LSEs and its columns' k partial values (k - 1 of them remote), merges them in rank order
 //      (combine.h's weights: the same math and NaN rules as the combine kernel, deterministic) and
 //      stores the merged slice (rank 0 also the LSE);
-//   5. named barrier, then one thread arrives on split_done of every CTA (read complete).
+//   5. named barrier, then one thread arrives on split_done of every CTA (read complete); every
+//      consumer thread waits on its own split_done, phase n (every peer read this CTA's O), and one
+//      thread advances split_merges_read to n + 1, which the producer polls before it loads the
+//      tiles of piece n + 1 or later into the ring.
+// Why a counter for the producer and not split_done's phase: the consumers run through the merges of
+// pieces whose run is empty without the producer, so they may be several merges ahead of it, and a
+// parity wait cannot tell phase n from phase n - 2. Every wait on split_ready and split_done
+// happens at most one phase behind (each needs this CTA's own arrival for the next phase).
 // The CTAs exit through a cluster barrier (decode_kernel.cuh), so no CTA's shared memory goes away
 // while a peer may still read it.
 #pragma once
@@ -130,8 +136,6 @@ __device__ __forceinline__ void split_merge(SharedStorage<Element, Shape>& s, co
   const int thread = threadIdx.x % 128;
   const int ct = consumer * 128 + thread;
   const bool elected = ct == 0;
-  // 1. The peers are done with this CTA's previous O.
-  if (index > 0) ptx::mbarrier_wait_cluster(&s.split_done, (index - 1) & 1);
   // 2. Publish the normalised O and the LSE.
   const uint32_t o_base = split_o_base(s);
   const int col0 = consumer * kColsPerConsumer;
@@ -167,6 +171,8 @@ __device__ __forceinline__ void split_merge(SharedStorage<Element, Shape>& s, co
   if (elected) {
     for (int r = 0; r < count; ++r) ptx::mbarrier_arrive_release_cluster(&s.split_done, r);
   }
+  ptx::mbarrier_wait_cluster(&s.split_done, index & 1);
+  if (elected) ptx::st_release_shared(&s.split_merges_read, index + 1);
 }
 
 }  // namespace jax_mla::sm90
