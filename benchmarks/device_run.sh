@@ -125,15 +125,21 @@ run_sanitize() {
 # Per-kernel GPU time (scheduler, decode, combine) of one call per config, and the decode kernel's
 # speed-of-light and stall summary for the first config. ncu serialises the kernels (no PDL
 # overlap), so the durations add up to more than a back-to-back call costs.
+# NCU_VARIANTS (as AB_VARIANTS, e.g. "JAX_MLA_SM90_SPLIT=2,PROFILE_NUM_PARTS=16"): the kernel times once
+# per variant; NCU_SOL=0 skips the speed-of-light sections of the first config.
 run_ncu() {
   echo "== ncu"
-  local first=1
+  local first=${NCU_SOL:-1}
   for cfg in ${NCU_CONFIGS:-b128_sq1_h128_4k b1_sq1_h128_32k b16_sq1_h128_1k}; do
-    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum -k 'regex:decode|combine|schedule' \
-      python3 benchmarks/profile_one.py "$cfg" > "$OUT/ncu_$cfg.log" 2>&1
-    echo "-- $cfg (exit $?)"
-    grep -E "^\s+[a-z_:0-9<>, ]*(kernel|Kernel)|gpu__time_duration" "$OUT/ncu_$cfg.log" | sed 's/(int,.*//' | tail -12
-    if [ $first = 1 ]; then
+    local i=0
+    for v in ${NCU_VARIANTS:-PROFILE_NUM_PARTS=0}; do
+      i=$((i + 1))
+      with_variant "$v" timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum \
+        -k 'regex:decode|combine|schedule' python3 benchmarks/profile_one.py "$cfg" > "$OUT/ncu_${cfg}_$i.log" 2>&1
+      echo "-- $cfg $v (exit $?)"
+      grep -E "^\s+[a-z_:0-9<>, ]*(kernel|Kernel)|gpu__time_duration" "$OUT/ncu_${cfg}_$i.log" | sed 's/(int,.*//' | tail -12
+    done
+    if [ "$first" = 1 ]; then
       timeout 150 ncu --clock-control none -k regex:decode_kernel -s 2 -c 1 --section SpeedOfLight \
         --section ComputeWorkloadAnalysis --section WarpStateStats --section MemoryWorkloadAnalysis \
         python3 benchmarks/profile_one.py "$cfg" > "$OUT/ncu_sol_$cfg.log" 2>&1

@@ -2,6 +2,8 @@
 
   ncu --clock-control none -k regex:decode_kernel -c 1 --section SpeedOfLight ... \
       python3 benchmarks/profile_one.py b128_sq1_h128_4k
+
+PROFILE_NUM_PARTS=N plans the split-KV schedule with N parts (decode_schedule) instead of the default.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ def main() -> int:
     name = sys.argv[1] if len(sys.argv) > 1 else "b128_sq1_h128_4k"
     cfg = next(c for c in CONFIGS if c.name == name)
     q, cache, tables, seq_lens = build_inputs(cfg, np.random.default_rng(0), jax.numpy, np, 2, 2)
-    fn = jax.jit(lambda q, c, t, s: jax_mla.mla_decode(q, c, t, s, causal=cfg.causal))
+    parts = int(os.environ.get("PROFILE_NUM_PARTS", "0"))  # 0: the op plans with the default part count
+
+    def step(q, c, t, s):
+        sched = jax_mla.decode_schedule(s, num_heads=cfg.h_q, seq_q=cfg.s_q, num_parts=parts) if parts else None
+        return jax_mla.mla_decode(q, c, t, s, causal=cfg.causal, schedule=sched)
+
+    fn = jax.jit(step)
     for i in range(3):
         jax.block_until_ready(fn(q, cache, tables[i % 2], seq_lens))
     print("ran", name)
