@@ -77,8 +77,9 @@ __device__ __forceinline__ void producer_main(Storage& s, const DecodeParams& p,
           // Split parts: the cluster merged the earlier pieces in the ring (split_combine.cuh); no
           // TMA write may land there before every peer has read this CTA's O of pieces < index.
           if (index > 0) {
-            while (ptx::ld_acquire_shared(&s.split_merges_read) < index) {
-            }
+            // A poll, not an mbarrier: see split_combine.cuh. The sleep keeps the spinning warp
+            // from taking issue slots from the consumers' merge on the same SM.
+            while (ptx::ld_acquire_shared(&s.split_merges_read) < index) __nanosleep(64);
             ptx::fence_proxy_async_smem();
           }
         }
