@@ -2,7 +2,7 @@
 # One full call on the GPU machine (the `device` tool's H200): install jax_mla, run the GPU tests,
 # the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
-#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|trace|tmabw]...   (default: tests bench; run in that order)
+#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|trace|tmabw|stats]...   (default: tests bench; run in that order)
 # Environment: TESTS_TIMEOUT, BENCH_TIMEOUT (default 420 s: the full benchmark with --xla took more than
 # 240 s on an H200; its JSON is written after every config, so a cut keeps the finished rows), BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
 # SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
@@ -276,6 +276,13 @@ run_tmabw() {
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 
+# The device's kernel choice and launch policy as the extension sees it (kernel_info, then
+# cuda_call_stats: SM90 cluster policy and the resident clusters of split parts, k = 2, 4, 8).
+run_stats() {
+  echo "== stats"
+  timeout 60 python3 -P -c "import jax_mla; print(jax_mla.kernel_info()); print(jax_mla._ext.cuda_call_stats())"
+}
+
 # Steps run in the order given on the command line.
 for step in "${steps[@]}"; do
   case "$step" in
@@ -288,6 +295,7 @@ for step in "${steps[@]}"; do
     xladump) run_xladump ;;
     trace) run_trace ;;
     tmabw) run_tmabw ;;
+    stats) run_stats ;;
     all) run_tests; run_bench; run_sanitize ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
