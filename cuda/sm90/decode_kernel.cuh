@@ -32,7 +32,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 #include <cuda.h>
 #include <cuda_runtime.h>
 

@@ -35,48 +35,44 @@ cudaError_t setup_decode() {
   return e;
 }
 
-template <typename Element>
-int max_active_clusters(int cluster_row_blocks) {
+// The launch attribute for thread-block clusters of `dims` CTAs.
+inline cudaLaunchAttribute cluster_dim_attr(dim3 dims) {
   cudaLaunchAttribute attr;
   attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 1;
-  attr.val.clusterDim.y = cluster_row_blocks;
-  attr.val.clusterDim.z = 1;
+  attr.val.clusterDim.x = dims.x;
+  attr.val.clusterDim.y = dims.y;
+  attr.val.clusterDim.z = dims.z;
+  return attr;
+}
+
+// How many clusters of `dims` wide-shape CTAs (one per SM) the device runs at once; 0 when the
+// query fails.
+template <typename Element, bool kSplit>
+int resident_clusters(dim3 dims) {
+  cudaLaunchAttribute attr = cluster_dim_attr(dims);
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(1, cluster_row_blocks);
+  cfg.gridDim = dims;
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = kSmemBytes<Element, WideShape>;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, decode_kernel<Element, WideShape, false>, &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, decode_kernel<Element, WideShape, kSplit>, &cfg) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
   return n;
 }
 
-// How many clusters of `split` CTAs of the wide shape (one per SM) the device runs at once, with
-// the cluster along the grid's y (row_blocks_adjacent) or x dimension; 0 when the query fails.
+template <typename Element>
+int max_active_clusters(int cluster_row_blocks) {
+  return resident_clusters<Element, false>(dim3(1, cluster_row_blocks));
+}
+
+// Split parts: the cluster lies along the grid's y (row_blocks_adjacent) or x dimension.
 template <typename Element>
 int max_active_split_clusters(int split, bool row_blocks_adjacent) {
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = row_blocks_adjacent ? 1 : split;
-  attr.val.clusterDim.y = row_blocks_adjacent ? split : 1;
-  attr.val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = row_blocks_adjacent ? dim3(1, split) : dim3(split, 1);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmemBytes<Element, WideShape>;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, decode_kernel<Element, WideShape, true>, &cfg) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
+  return resident_clusters<Element, true>(row_blocks_adjacent ? dim3(1, split) : dim3(split, 1));
 }
 
 template <typename Element, typename Shape>
@@ -91,19 +87,13 @@ cudaError_t launch_shape(const DecodeParams& p, const CUtensorMap& q_map, const 
   cudaLaunchAttribute attrs[2];
   cudaLaunchConfig_t cfg = pdl_launch_config(grid, dim3(kThreads), kSmemBytes<Element, Shape>, stream, &attrs[0]);
   if (split > 1) {
-    attrs[1].id = cudaLaunchAttributeClusterDimension;
-    attrs[1].val.clusterDim.x = p.row_blocks_adjacent ? 1 : split;
-    attrs[1].val.clusterDim.y = p.row_blocks_adjacent ? split : 1;
-    attrs[1].val.clusterDim.z = 1;
+    attrs[1] = cluster_dim_attr(p.row_blocks_adjacent ? dim3(1, split) : dim3(split, 1));
     cfg.attrs = attrs;
     cfg.numAttrs = 2;
   } else if (!p.row_blocks_adjacent && p.cluster_row_blocks > 1 && m_blocks % p.cluster_row_blocks == 0) {
     // Row blocks of one part read the same KV tiles: as a cluster they share each tile's loads by TMA
     // multicast, halving the L2 -> SM traffic for pairs.
-    attrs[1].id = cudaLaunchAttributeClusterDimension;
-    attrs[1].val.clusterDim.x = 1;
-    attrs[1].val.clusterDim.y = p.cluster_row_blocks;
-    attrs[1].val.clusterDim.z = 1;
+    attrs[1] = cluster_dim_attr(dim3(1, p.cluster_row_blocks));
     cfg.attrs = attrs;
     cfg.numAttrs = 2;
   }

@@ -35,7 +35,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "../common/combine.h"
 #include "../common/config.h"
