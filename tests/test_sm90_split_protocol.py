@@ -27,9 +27,7 @@ import random
 
 import pytest
 
-
-class ProtocolError(AssertionError):
-    pass
+from test_sm90_ring_protocol import ProtocolError, interleave
 
 
 def split_run(blocks: int, rank: int, count: int) -> int:
@@ -122,21 +120,9 @@ class Cluster:
 
 
 def run(k: int, pieces: list[int], gate: str, seed: int):
-    """Random interleaving of the 2k actors until all finish; none ready while some live is a deadlock."""
+    """Random interleaving of the cluster's 2k actors (producers, then consumers) until all finish."""
     cluster = Cluster(k, pieces, gate)
-    actors = [cluster.producer(c) for c in range(k)] + [cluster.consumers(c) for c in range(k)]
-    rng = random.Random(seed)
-    waits = [next(a, None) for a in actors]
-    live = [w is not None for w in waits]
-    while any(live):
-        ready = [i for i, w in enumerate(waits) if live[i] and w()]
-        if not ready:
-            raise ProtocolError(f"deadlock (actors alive: {live})")
-        i = rng.choice(ready)
-        try:
-            waits[i] = next(actors[i])
-        except StopIteration:
-            live[i] = False
+    interleave([cluster.producer(c) for c in range(k)] + [cluster.consumers(c) for c in range(k)], seed)
 
 
 def random_pieces(rng: random.Random, k: int) -> list[int]:
