@@ -125,7 +125,7 @@ run_sanitize() {
 # Per-kernel GPU time (scheduler, decode, combine) of one call per config, and the decode kernel's
 # speed-of-light and stall summary for the first config. ncu serialises the kernels (no PDL
 # overlap), so the durations add up to more than a back-to-back call costs.
-# NCU_VARIANTS (as AB_VARIANTS, e.g. "JAX_MLA_SM90_SPLIT=2,PROFILE_NUM_PARTS=16"): the kernel times once
+# NCU_VARIANTS (as AB_VARIANTS, e.g. "JAX_MLA_SM90_NARROW=1,PROFILE_NUM_PARTS=16"): the kernel times once
 # per variant; NCU_SOL=0 skips the speed-of-light sections of the first config.
 run_ncu() {
   echo "== ncu"
@@ -277,7 +277,7 @@ run_tmabw() {
 }
 
 # The device's kernel choice and launch policy as the extension sees it (kernel_info, then
-# cuda_call_stats: SM90 cluster policy and the resident clusters of split parts, k = 2, 4, 8).
+# cuda_call_stats: SM90 cluster policy, resident clusters, launches per shape).
 run_stats() {
   echo "== stats"
   timeout 60 python3 -P -c "import jax_mla; print(jax_mla.kernel_info()); print(jax_mla._ext.cuda_call_stats())"

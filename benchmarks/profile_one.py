@@ -28,7 +28,7 @@ def main() -> int:
     parts = int(os.environ.get("PROFILE_NUM_PARTS", "0"))  # 0: the op plans with the default part count
 
     def step(q, c, t, s):
-        sched = jax_mla.decode_schedule(s, num_heads=cfg.h_q, seq_q=cfg.s_q, num_parts=parts) if parts else None
+        sched = jax_mla.decode_schedule(s, num_heads=cfg.heads, seq_q=cfg.seq_q, num_parts=parts) if parts else None
         return jax_mla.mla_decode(q, c, t, s, causal=cfg.causal, schedule=sched)
 
     fn = jax.jit(step)

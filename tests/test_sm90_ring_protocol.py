@@ -64,16 +64,15 @@ def produce(model, slot_free):
 
 
 def interleave(actors, seed):
-    """Runs the actors (generators yielding wait predicates; here producer, consumer 0, consumer 1)
-    in a random order of the ready ones until all finish; none ready while some live is a deadlock.
-    Also used by test_sm90_split_protocol.py."""
+    """Runs the actors (generators yielding wait predicates: producer, consumer 0, consumer 1) in a
+    random order of the ready ones until all finish; none ready while some live is a deadlock."""
     rng = random.Random(seed)
     waits = [next(a, None) for a in actors]
     live = [w is not None for w in waits]
     while any(live):
         ready = [i for i, w in enumerate(waits) if live[i] and w()]
         if not ready:
-            raise ProtocolError(f"deadlock (actors alive: {live})")
+            raise ProtocolError(f"deadlock (producer, consumer 0, consumer 1 alive: {live})")
         i = rng.choice(ready)
         try:
             waits[i] = next(actors[i])

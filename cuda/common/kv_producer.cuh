@@ -238,42 +238,22 @@ struct NoHook {
 //   on_tile(parity, stage, ok)  after acquire() (the stage, or the slot of box 0, is free), before
 //                      the tile's arrivals, so a consumer that has waited for the tile also sees what
 //                      the hook wrote;
-//   on_loaded()        after the tile's copies were issued (optional; the SM90 event trace);
-//   before_tiles(n)    split parts only (split.count > 1): after the Q load of the part's n-th piece,
-//                      before its first tile (n counts every piece of the part, with or without
-//                      blocks for this CTA), so that the kernel can keep the ring while the cluster
-//                      merges the earlier pieces in it.
-// split: which of the cluster's runs of each piece's blocks this CTA loads (scheduler.h
-// split_piece); a piece whose run is empty gets neither its Q nor tiles.
-struct PartSplit {
-  int rank = 0;
-  int count = 1;
-};
-template <typename T>
-struct NoHookArg {
-  __device__ __forceinline__ void operator()(T) const {}
-};
-
+//   on_loaded()        after the tile's copies were issued (optional; the SM90 event trace).
 template <int kQRows = kBlockM, typename Producer, typename Element, typename OnPiece, typename OnTile,
-          typename OnLoaded = NoHook, typename BeforeTiles = NoHookArg<int>>
+          typename OnLoaded = NoHook>
 __device__ __forceinline__ void produce_part(Producer& producer, const DecodeParams& p, const CUtensorMap* q_map,
                                              const CUtensorMap* kv_map, const int32_t* part_info,
                                              const int32_t* split_offsets, int m_block,
                                              Element* q_smem,  // (9 boxes, kQRows, 64)
                                              uint64_t* q_full, uint64_t* q_empty, OnPiece on_piece, OnTile on_tile,
-                                             OnLoaded on_loaded = {}, PartSplit split = {},
-                                             BeforeTiles before_tiles = {}) {
+                                             OnLoaded on_loaded = {}) {
   static_assert(kQRows % 8 == 0 && kQRows <= kBlockM, "Q boxes are whole 8-row swizzle atoms of one row block");
   constexpr int kQBoxElems = kQRows * kKvBoxCols;
   const int log2_page = 31 - __clz(p.page_size);
   producer.set_l2_hint(p.kv_l2_hint);
-  int piece_count = 0;  // pieces with blocks for this CTA (their Q was loaded)
-  int part_piece = 0;   // pieces of the part
+  int piece_count = 0;
   for (int r = part_info[kPartBeginReq]; r <= part_info[kPartEndReq]; ++r) {
-    const PieceOfWork whole = piece_of(part_info, split_offsets, p.seq_lens, r);
-    if (whole.begin_block >= whole.end_block) continue;
-    const PieceOfWork w = split.count > 1 ? split_piece(whole, split.rank, split.count) : whole;
-    const int index = part_piece++;
+    const PieceOfWork w = piece_of(part_info, split_offsets, p.seq_lens, r);
     if (w.begin_block >= w.end_block) continue;
     const int parity = piece_count & 1;
 
@@ -294,7 +274,6 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePar
                      p.num_pages,
                      p.max_pages,
                      p.num_pages * p.page_size};
-    if (split.count > 1) before_tiles(index);
 #pragma unroll 1
     for (int blk = w.begin_block; blk < w.end_block; ++blk) {
       const auto source = producer.locate_tile(kv, blk * kBlockN);  // block-table reads overlap the wait

@@ -58,11 +58,6 @@ struct DecodeParams {
   // (kv_producer.cuh kBoxesPerGroup) instead of 9 copies of one box. The CUDA handler sets it from
   // JAX_MLA_SM90_KV_COPY (group, its default | box).
   bool sm90_grouped_copies = false;
-  // SM90 wide shape: CTAs per part and row block (1, 2, 4 or 8). Above 1, each part runs on a
-  // thread-block cluster of that many CTAs per row block, each taking a near-equal share of every
-  // piece's KV blocks (scheduler.h split_piece), and the cluster merges the shares through
-  // distributed shared memory (cuda/sm90/split_combine.cuh). Set by the CUDA handler.
-  int sm90_split_ctas = 1;
 
   // Debug builds only (CMake JAX_MLA_SM90_TRACE): the SM90 kernel's event log, see
   // cuda/sm90/trace.cuh; null otherwise.

@@ -172,67 +172,6 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t 
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 
-// The address of the same shared-memory offset in CTA `cta_rank` of the cluster (shared::cluster
-// window), for ld.shared::cluster and remote mbarrier arrivals.
-__device__ __forceinline__ uint32_t map_shared_rank(uint32_t addr, uint32_t cta_rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(cta_rank));
-  return remote;
-}
-
-// Arrival with cluster-scope release on the mbarrier at `bar`'s offset in CTA `cta_rank`: this
-// thread's earlier memory accesses (and, through a preceding barrier, its CTA's) are visible to a
-// thread of that CTA that waits on the barrier with cluster-scope acquire (mbarrier_wait_cluster).
-// For hand-offs of data through distributed shared memory; the ring's releases use the cheaper
-// mbarrier_arrive_cluster above.
-__device__ __forceinline__ void mbarrier_arrive_release_cluster(uint64_t* bar, uint32_t cta_rank) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(
-                   map_shared_rank(smem_addr(bar), cta_rank))
-               : "memory");
-}
-
-// mbarrier_wait with cluster-scope acquire: the arrivals' cluster-scope releases make their
-// threads' writes (shared memory of any CTA of the cluster, global memory) visible after it.
-__device__ __forceinline__ void mbarrier_wait_cluster(uint64_t* bar, uint32_t phase) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(phase)
-      : "memory");
-}
-
-// A counter in this CTA's shared memory that one thread advances and another polls: release store,
-// acquire load (CTA scope). For hand-offs where an mbarrier's phase parity would be ambiguous
-// because the writer may run several steps ahead of the reader.
-__device__ __forceinline__ void st_release_shared(int* p, int v) {
-  asm volatile("st.release.cta.shared::cta.s32 [%0], %1;" ::"r"(smem_addr(p)), "r"(v) : "memory");
-}
-__device__ __forceinline__ int ld_acquire_shared(const int* p) {
-  int v;
-  asm volatile("ld.acquire.cta.shared::cta.s32 %0, [%1];" : "=r"(v) : "r"(smem_addr(p)) : "memory");
-  return v;
-}
-
-// Loads from the shared memory of a CTA of the cluster (address from map_shared_rank). Volatile, so
-// they stay behind the mbarrier_wait_cluster that publishes the data (no memory clobber: other
-// memory accesses may still be scheduled around them).
-__device__ __forceinline__ float ld_shared_cluster_f32(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ float4 ld_shared_cluster_v4(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr));
-  return v;
-}
-
 // ---- fences and barriers --------------------------------------------------------------------
 
 // Orders this thread's ordinary shared-memory writes before later async-proxy accesses

@@ -241,18 +241,4 @@ MLA_HOST_DEVICE PieceOfWork piece_of(const int32_t* info, const int32_t* split_o
   return w;
 }
 
-// Split parts (SM90, DecodeParams::sm90_split_ctas = k > 1): a part runs on a cluster of k CTAs per
-// row block, and CTA `rank` takes the rank-th of k near-equal contiguous runs of each piece's
-// blocks (possibly none when the piece has fewer than k blocks). The k results of a piece are merged
-// inside the cluster (cuda/sm90/split_combine.cuh) into what one CTA would have written: the final
-// output, or the piece's partial in its workspace slot. So the schedule, its slots and the combine
-// are those of k = 1; only the KV blocks behind each piece are spread over more SMs.
-MLA_HOST_DEVICE PieceOfWork split_piece(PieceOfWork w, int rank, int count) {
-  const int n = w.end_block - w.begin_block;
-  const int begin = w.begin_block;
-  w.begin_block = begin + n * rank / count;
-  w.end_block = begin + n * (rank + 1) / count;
-  return w;
-}
-
 }  // namespace jax_mla

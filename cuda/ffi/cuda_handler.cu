@@ -64,7 +64,6 @@ struct DeviceInfo {
   std::string self_check_detail;
   int sm90_cluster_row_blocks = 1;  // SM90 launch policy (DecodeParams::cluster_row_blocks)
   int sm90_max_active_clusters = 0;
-  int sm90_split_clusters[3] = {0, 0, 0};  // resident clusters of split parts, k = 2, 4, 8
 };
 
 constexpr int kMaxDevices = 64;
@@ -83,7 +82,6 @@ std::atomic<long long> g_decode_captured{0};
 // that it ran rather than the wide shape.
 std::atomic<long long> g_sm90_narrow_launches{0};
 std::atomic<long long> g_sm90_transposed_launches{0};
-std::atomic<long long> g_sm90_split_launches{0};
 
 // Whether the SM90 kernel uses row-block clusters by default (measured slower: docs/performance.md v5).
 constexpr bool kSm90ClusterDefault = false;
@@ -129,9 +127,6 @@ struct ProcessEnv {
   // (9 copies of one box). On an H100, group was 1.6% faster on b64/h16 in both A/B pairs, level or
   // 4% faster on b128/4K (docs/performance.md, 2026-12-05, tenth session); not measured on an H200.
   bool sm90_grouped_copies = true;
-  // JAX_MLA_SM90_SPLIT: CTAs per part and row block of the SM90 wide shape (1, 2, 4, 8), split parts
-  // merged in their cluster (cuda/sm90/split_combine.cuh). Default 1.
-  int sm90_split_ctas = 1;
 };
 
 const ProcessEnv& process_env() {
@@ -143,7 +138,7 @@ const ProcessEnv& process_env() {
     e.self_check = c ? c : "";
     e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
     // Tuning switches (not semantics): JAX_MLA_SM90_CLUSTER, JAX_MLA_KV_L2_HINT, JAX_MLA_SM90_GRID,
-    // JAX_MLA_SM90_NARROW, JAX_MLA_SM90_KV_COPY, JAX_MLA_SM90_SPLIT.
+    // JAX_MLA_SM90_NARROW, JAX_MLA_SM90_KV_COPY.
     const int cluster = env_choice("JAX_MLA_SM90_CLUSTER", {"0", "1", "placement"}, -1);
     if (cluster >= 0) e.sm90_cluster = cluster == 0 ? 0 : 1;
     e.sm90_cluster_placement = cluster == 2;
@@ -156,7 +151,6 @@ const ProcessEnv& process_env() {
         env_choice("JAX_MLA_SM90_NARROW", {"0", "1", "transposed", "transposed_pipelined", "transposed_splitk"},
                    static_cast<int>(e.sm90_small_rows)));
     e.sm90_grouped_copies = env_choice("JAX_MLA_SM90_KV_COPY", {"box", "group"}, e.sm90_grouped_copies ? 1 : 0) == 1;
-    e.sm90_split_ctas = 1 << env_choice("JAX_MLA_SM90_SPLIT", {"1", "2", "4", "8"}, 0);
     return e;
   }();
   return env;
@@ -200,9 +194,6 @@ ffi::Error init_device_locked(int device) {
     const bool fits = info.sm90_max_active_clusters * sm90::kClusterRowBlocks >= info.sm_count;
     const bool on = env.sm90_cluster >= 0 ? env.sm90_cluster == 1 : (kSm90ClusterDefault && fits);
     info.sm90_cluster_row_blocks = on ? sm90::kClusterRowBlocks : 1;
-    for (int i = 0; i < 3; ++i) {
-      info.sm90_split_clusters[i] = sm90::max_active_split_clusters<__nv_bfloat16>(2 << i, env.row_blocks_adjacent);
-    }
   }
 #endif
   const AutoCandidate candidate = auto_candidate(prop.major, prop.minor, built_kernels(), env.mode);
@@ -317,8 +308,6 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   p.cluster_shares_tiles = !process_env().sm90_cluster_placement;
   p.sm90_small_rows = process_env().sm90_small_rows;
   p.sm90_grouped_copies = process_env().sm90_grouped_copies;
-  p.sm90_split_ctas = process_env().sm90_split_ctas;
-  if (p.sm90_split_ctas > 1) p.cluster_row_blocks = 1;  // one kind of cluster at a time
 #if JAX_MLA_TRACE_BUFFER
   if (device == 0) {
     p.trace = g_trace;
@@ -339,8 +328,6 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
     g_sm90_transposed_launches.fetch_add(1, std::memory_order_relaxed);
   } else if (sel.kernel == Kernel::kSm90 && sm90::uses_narrow_shape(p)) {
     g_sm90_narrow_launches.fetch_add(1, std::memory_order_relaxed);
-  } else if (sel.kernel == Kernel::kSm90 && p.sm90_split_ctas > 1) {
-    g_sm90_split_launches.fetch_add(1, std::memory_order_relaxed);
   }
   return ffi::Error::Success();
 }
@@ -395,12 +382,10 @@ TraceDump sm90_trace_read(bool reset) {
 CudaCallStats cuda_call_stats() {
   CudaCallStats st{g_decode_calls.load(std::memory_order_relaxed), g_decode_captured.load(std::memory_order_relaxed),
                    0, 0, g_sm90_narrow_launches.load(std::memory_order_relaxed),
-                   g_sm90_transposed_launches.load(std::memory_order_relaxed),
-                   g_sm90_split_launches.load(std::memory_order_relaxed)};
+                   g_sm90_transposed_launches.load(std::memory_order_relaxed)};
   if (g_devices[0].ready.load(std::memory_order_acquire)) {
     st.sm90_cluster_row_blocks = g_devices[0].sm90_cluster_row_blocks;
     st.sm90_max_active_clusters = g_devices[0].sm90_max_active_clusters;
-    for (int i = 0; i < 3; ++i) st.sm90_split_clusters[i] = g_devices[0].sm90_split_clusters[i];
   }
   return st;
 }

@@ -21,8 +21,6 @@ struct CudaCallStats {
   int sm90_max_active_clusters;
   long long sm90_narrow_launches;      // SM90 decode launches on the narrow shape (JAX_MLA_SM90_NARROW=1)
   long long sm90_transposed_launches;  // ... on the transposed kernel (JAX_MLA_SM90_NARROW=transposed*)
-  long long sm90_split_launches;       // ... on the wide shape with split parts (JAX_MLA_SM90_SPLIT > 1)
-  int sm90_split_clusters[3];          // resident clusters of split parts of k = 2, 4, 8 CTAs (0: unknown)
 };
 CudaCallStats cuda_call_stats();
 

@@ -82,9 +82,6 @@ nb::dict cuda_call_stats() {
   d["sm90_max_active_clusters"] = st.sm90_max_active_clusters;
   d["sm90_narrow_launches"] = st.sm90_narrow_launches;
   d["sm90_transposed_launches"] = st.sm90_transposed_launches;
-  d["sm90_split_launches"] = st.sm90_split_launches;
-  d["sm90_split_clusters"] = nb::make_tuple(st.sm90_split_clusters[0], st.sm90_split_clusters[1],
-                                            st.sm90_split_clusters[2]);
 #else
   d["decode_calls"] = 0;
   d["decode_captured"] = 0;

@@ -60,12 +60,7 @@ enum ConsumerBarrier : int {
   // Transposed shape (transposed_kernel.cuh):
   kBarTReduce = 6,  // + consumer: one consumer's 128 threads (cross-warp row reductions, P written)
   kBarTScores = 8,  // both consumers' S^T of the request's last tile completed (256; before zeroing V rows)
-  kBarSplit = 9,    // split parts (split_combine.cuh): both consumers' 256 threads
 };
-
-// Split parts (DecodeParams::sm90_split_ctas, split_combine.cuh): at most this many CTAs per part and
-// row block, the portable cluster size limit.
-inline constexpr int kMaxSplitCtas = 8;
 
 // Shape of one kernel instantiation.
 //   kQRows:    query rows of a row block kept in shared memory (rows of the Q tensor map's box);
@@ -95,12 +90,6 @@ struct alignas(1024) SharedStorage {
   float row_max[kNumConsumers][kBlockM];                // per owner: running max after its latest tile (log2 units)
   float row_sum[2][kNumConsumers][kBlockM];             // per piece parity, per-consumer partial sums
   int bad_request[2];                                   // set by the producer, per piece parity
-  // Split parts (split_combine.cuh). The CTA's normalised O of a piece goes into the drained KV
-  // ring (fp32, (64, 512), 128 KB) for its cluster peers to read; its row LSEs go here.
-  float split_lse[kBlockM];                             // log2 units; NaN: bad request, -inf: no key
-  uint64_t split_ready;                                 // every CTA of the cluster published its O (k arrivals)
-  uint64_t split_done;                                  // every CTA of the cluster read this CTA's O (k arrivals)
-  int split_merges_read;                                // merges whose O every peer has read (consumers -> producer)
 };
 
 // Transposed shape (rows <= 16, only with JAX_MLA_SM90_NARROW=transposed; transposed_kernel.cuh).

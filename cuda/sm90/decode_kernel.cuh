@@ -43,7 +43,6 @@
 #include "config.h"
 #include "epilogue.cuh"
 #include "softmax.cuh"
-#include "split_combine.cuh"
 #include "trace.cuh"
 #include "wgmma.cuh"
 
@@ -51,12 +50,12 @@ namespace jax_mla::sm90 {
 
 // Storage: SharedStorage<Element, Shape> or TransposedStorage<Element> (the fields q, kv, kv_bars,
 // q_full, q_empty, bad_request).
-template <typename Element, typename Shape, bool kSplit = false, typename Storage>
+template <typename Element, typename Shape, typename Storage>
 __device__ __forceinline__ void producer_main(Storage& s, const DecodeParams& p,
                                               const CUtensorMap* q_map, const CUtensorMap* kv_map,
                                               const CUtensorMap* kv_group_map, const int32_t* part_info,
                                               const int32_t* split_offsets, int m_block, int cta_rank,
-                                              int cluster_size, PartSplit split = {}) {
+                                              int cluster_size) {
   BoxRingProducer<Element, Shape::kNumSlots> producer{&s.kv_bars, &s.kv[0][0], {}, cta_rank, cluster_size};
   producer.group_map = kv_group_map;
   Tracer tr;
@@ -70,33 +69,19 @@ __device__ __forceinline__ void producer_main(Storage& s, const DecodeParams& p,
         tr.mark(kTrAcquired);
         if (!ok) s.bad_request[parity] = 1;
       },
-      [&]() { tr.mark(kTrLoadIssued); }, split,
-      [&](int index) {
-        if constexpr (kSplit) {
-          // Split parts: the cluster merged the earlier pieces in the ring (split_combine.cuh); no
-          // TMA write may land there before every peer has read this CTA's O of pieces < index.
-          if (index > 0) {
-            // A poll, not an mbarrier: see split_combine.cuh. The sleep keeps the spinning warp
-            // from taking issue slots from the consumers' merge on the same SM.
-            while (ptx::ld_acquire_shared(&s.split_merges_read) < index) __nanosleep(64);
-            ptx::fence_proxy_async_smem();
-          }
-        }
-      });
+      [&]() { tr.mark(kTrLoadIssued); });
   tr.finish();
 }
 
 // What a CTA of either SM90 kernel works on: its row block and its part's schedule entry. The grid
 // is (row blocks, parts) when p.row_blocks_adjacent (the row blocks of a part, which read the same
 // tiles, get consecutive CTA ids), else (parts, row blocks).
-// With split parts (split_ctas = p.sm90_split_ctas = k > 1) the parts dimension has k CTAs per part,
-// the ranks of one cluster (split_combine.cuh).
 struct CtaWork {
   int m_block;
   const int32_t* part_info;      // (kPartFields) of this CTA's part
   const int32_t* split_offsets;  // (b + 1)
-  __device__ __forceinline__ explicit CtaWork(const DecodeParams& p, int split_ctas = 1) {
-    const int part = static_cast<int>(p.row_blocks_adjacent ? blockIdx.y : blockIdx.x) / split_ctas;
+  __device__ __forceinline__ explicit CtaWork(const DecodeParams& p) {
+    const int part = p.row_blocks_adjacent ? blockIdx.y : blockIdx.x;
     m_block = p.row_blocks_adjacent ? blockIdx.x : blockIdx.y;
     part_info = p.schedule + static_cast<int64_t>(part) * kPartFields;
     split_offsets = p.schedule + static_cast<int64_t>(p.num_parts) * kPartFields;
@@ -338,11 +323,10 @@ __device__ __forceinline__ void other_step(SharedStorage<Element, Shape>& s, con
   issue_pv<Element, Shape, false>(s, t, consumer, pf, o);
 }
 
-template <typename Element, typename Shape, bool kSplit = false>
+template <typename Element, typename Shape>
 __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, const DecodeParams& p,
                                               const int32_t* part_info, const int32_t* split_offsets, int m_block,
-                                              int consumer, int cluster_size, bool grouped_copies,
-                                              PartSplit split = {}) {
+                                              int consumer, int cluster_size, bool grouped_copies) {
   const int thread = threadIdx.x % 128;
   const RowCoords rc(thread);
   const BoxRingConsumer<Shape::kNumSlots> kv{&s.kv_bars, cluster_size, grouped_copies};
@@ -351,163 +335,147 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, 
   Tracer tr;
   tr.init(p, 1 + consumer, elected);
   TileCursor<Shape> st;  // ring position and owner of the CTA's next tile
-  int piece_count = 0;  // pieces with blocks for this CTA (Q loaded), as the producer counts them
-  int part_piece = 0;   // pieces of the part (split parts: the cluster's merges)
+  int piece_count = 0;
   const int rows_valid = min(kBlockM, p.rows - m_block * kBlockM);
 
   for (int r = part_info[kPartBeginReq]; r <= part_info[kPartEndReq]; ++r) {
-    const PieceOfWork whole = piece_of(part_info, split_offsets, p.seq_lens, r);
-    if (whole.begin_block >= whole.end_block) continue;
-    const PieceOfWork w = kSplit ? split_piece(whole, split.rank, split.count) : whole;
-    const int index = part_piece++;
-    // Split parts: where the cluster's merge of this piece goes (the slot of the whole piece).
-    const int64_t merged_row0 = (w.num_splits == 1 ? static_cast<int64_t>(r) : static_cast<int64_t>(w.slot)) * p.rows +
-                                m_block * kBlockM;
-    const SplitDestination dst{merged_row0, rows_valid, w.num_splits == 1, split.rank == 0};
+    const PieceOfWork w = piece_of(part_info, split_offsets, p.seq_lens, r);
+    if (w.begin_block >= w.end_block) continue;
+    const int seq_len = p.seq_lens[r];
+
+    int visible[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = m_block * kBlockM + rc.row[i];
+      // Rows past the request's: the wide shape reads them from the next request's Q (finite, never
+      // stored); the narrow shape's run on into other shared memory, so every key is masked off.
+      visible[i] = row < p.rows ? visible_keys(seq_len, p.seq_q, row / p.heads_q, p.causal)
+                                : (Shape::kNarrow ? 0 : seq_len);
+    }
+    const int visible_min = min(visible[0], visible[1]);
+
     float o[128];
     zero_accumulator(o);
-    // This CTA's result of the piece. A split part's CTA whose run of the piece is empty (fewer
-    // blocks than CTAs) keeps it: no key seen (O = 0, LSE -inf), and still takes part in the merge.
-    RowResult res{{0.f, 0.f}, {-INFINITY, -INFINITY}};
-    if (w.begin_block < w.end_block) {
-      const int seq_len = p.seq_lens[r];
+    RowState rs{{-INFINITY, -INFINITY}, {0.f, 0.f}};
+    ScoreFragment sc;
+    PFragment pf;
 
-      int visible[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int row = m_block * kBlockM + rc.row[i];
-        // Rows past the request's: the wide shape reads them from the next request's Q (finite, never
-        // stored); the narrow shape's run on into other shared memory, so every key is masked off.
-        visible[i] = row < p.rows ? visible_keys(seq_len, p.seq_q, row / p.heads_q, p.causal)
-                                  : (Shape::kNarrow ? 0 : seq_len);
-      }
-      const int visible_min = min(visible[0], visible[1]);
+    ptx::mbarrier_wait(&s.q_full, piece_count & 1);
+    tr.mark(kTrPieceBegin);
 
-      RowState rs{{-INFINITY, -INFINITY}, {0.f, 0.f}};
-      ScoreFragment sc;
-      PFragment pf;
-
-      ptx::mbarrier_wait(&s.q_full, piece_count & 1);
-      tr.mark(kTrPieceBegin);
-
-      // Tiles of this piece, in order. The wgmma groups in flight when a step starts: for an owned
-      // tile, our S of this tile; for the other's tile, our own P V of the previous tile. Our boxes of
-      // the previous tile are released as soon as our last wgmma reading them has completed. (Since
-      // 7fd23b3 the owner's `has_pending` case below is not reached: the other-tile step releases
-      // before it issues S. It stays for the orders where S goes first: the branches
-      // next/s-when-landed and next/s-first had them behind switches; neither measured faster, see
-      // docs/performance.md, fourth session of 2026-12-03.)
-      bool has_pending = false;  // our in-flight P V still reads our boxes of tile `pending`
-      TileCursor<Shape> pending;
-      if (st.owner == consumer) {
-        issue_scores(s, kv, st, sc, tr);
-        tr.mark(kTrSIssued);
-      }
-#pragma unroll 1
-      for (int blk = w.begin_block; blk < w.end_block; ++blk) {
-        const TileInfo ti{blk * kBlockN, seq_len};
-        if (st.owner == consumer) {
-          if (has_pending) {
-            wgmma_wait<1>();  // the other's P V (older group) done; S may still run
-            fence_operands(o);
-            if (elected) release_tile(kv, pending, consumer);
-            has_pending = false;
-          }
-          wgmma_wait<0>();
-          fence_operands(sc);
-          tr.mark(kTrSDone);
-          owner_step<Element>(s, st, rc, consumer, ti, visible, visible_min, scale_log2, sc, pf, rs, o, tr);
-          tr.mark(kTrPvOwnIssued);
-        } else {
-          // Our own P V of the previous tile must be done before O is rescaled.
-          wgmma_wait<0>();
-          fence_operands(o);
-          fence_operands(pf);  // P's registers stay live until their wgmma completed
-          tr.mark(kTrPvDone);
-          if (has_pending && elected) {
-            release_tile(kv, pending, consumer);
-            tr.mark(kTrReleased);
-          }
-          has_pending = false;
-          other_step<Element>(s, st, rc, consumer, ti, rs, pf, o, tr);
-          tr.mark(kTrPvOtherIssued);
-          if (blk + 1 < w.end_block) {
-            // Hand our boxes of this tile back as soon as our P V of it completed, before waiting on
-            // the next tile's later boxes: left pending until after that S (before v8), the release
-            // of tile g waited for tile g + 1 to land, so the producer could start the load of g + 2
-            // only once g + 1 was in: one 72 KB load in flight per SM instead of two. S of the next tile
-            // starts with its first box, queued behind this P V as its own wgmma group, so the
-            // tensor pipe goes from the P V straight into S instead of idling through the wait,
-            // the release and the first issue; the other eight boxes follow the release.
-            issue_scores(s, kv, st.next(), sc, tr, 0, 1);
-            wgmma_wait<1>();
-            fence_operands(o);
-            tr.mark(kTrPvDone);
-            if (elected) release_tile(kv, st, consumer);
-            tr.mark(kTrReleased);
-            issue_scores(s, kv, st.next(), sc, tr, 1, kKvBoxesQK);
-            tr.mark(kTrSIssued);
-            st.advance();
-            continue;
-          }
-        }
-        has_pending = true;
-        pending = st;
-        st.advance();
-      }
-      wgmma_wait<0>();
-      fence_operands(o);
-      fence_operands(pf);
-      if (elected) {
-        if (has_pending) release_tile(kv, pending, consumer);
-        // Q is no longer read: let the producer load the next request's Q while we finish.
-        ptx::mbarrier_arrive(&s.q_empty);
-      }
-
-      // Epilogue: full row sums over both consumers, normalise, store.
-      const int parity = piece_count & 1;
-      float total[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const float mine = quad_sum(rs.l[i]);
-        if ((thread & 3) == 0) s.row_sum[parity][consumer][rc.row[i]] = mine;
-      }
-      ptx::named_barrier_sync(kBarRowSum, kConsumerThreads);
-#pragma unroll
-      for (int i = 0; i < 2; ++i) total[i] = s.row_sum[parity][0][rc.row[i]] + s.row_sum[parity][1][rc.row[i]];
-      const bool bad = s.bad_request[parity] != 0;
-      res = finish_rows(rs.m, total, bad);
-
-      // One CTA per part: store this piece's result (split parts: the cluster merges it below).
-      const int64_t row0 = static_cast<int64_t>(r) * p.rows + m_block * kBlockM;  // in (b * rows)
-      const int col0 = consumer * kColsPerConsumer;
-      if (!kSplit && w.num_splits == 1) {
-        store_o(o, res, rc, rows_valid, col0, static_cast<Element*>(p.out) + row0 * kHeadDimV);
-        if (consumer == 0 && (thread & 3) == 0) {
-#pragma unroll
-          for (int i = 0; i < 2; ++i)
-            if (rc.row[i] < rows_valid) p.lse[row0 + rc.row[i]] = res.lse[i];
-        }
-      } else if (!kSplit) {
-        const int64_t prow0 = static_cast<int64_t>(w.slot) * p.rows + m_block * kBlockM;  // in (slots * rows)
-        store_o(o, res, rc, rows_valid, col0, p.partial_out + prow0 * kHeadDimV);
-        if (consumer == 0 && (thread & 3) == 0) {
-#pragma unroll
-          for (int i = 0; i < 2; ++i)
-            if (rc.row[i] < rows_valid) p.partial_lse[prow0 + rc.row[i]] = res.lse[i];
-        }
-      }
-      tr.mark(kTrPieceEnd);
-      ++piece_count;
+    // Tiles of this piece, in order. The wgmma groups in flight when a step starts: for an owned
+    // tile, our S of this tile; for the other's tile, our own P V of the previous tile. Our boxes of
+    // the previous tile are released as soon as our last wgmma reading them has completed. (Since
+    // 7fd23b3 the owner's `has_pending` case below is not reached: the other-tile step releases
+    // before it issues S. It stays for the orders where S goes first: the branches
+    // next/s-when-landed and next/s-first had them behind switches; neither measured faster, see
+    // docs/performance.md, fourth session of 2026-12-03.)
+    bool has_pending = false;  // our in-flight P V still reads our boxes of tile `pending`
+    TileCursor<Shape> pending;
+    if (st.owner == consumer) {
+      issue_scores(s, kv, st, sc, tr);
+      tr.mark(kTrSIssued);
     }
-    if constexpr (kSplit) split_merge(s, p, o, res, rc, consumer, index, split.rank, split.count, dst);
+#pragma unroll 1
+    for (int blk = w.begin_block; blk < w.end_block; ++blk) {
+      const TileInfo ti{blk * kBlockN, seq_len};
+      if (st.owner == consumer) {
+        if (has_pending) {
+          wgmma_wait<1>();  // the other's P V (older group) done; S may still run
+          fence_operands(o);
+          if (elected) release_tile(kv, pending, consumer);
+          has_pending = false;
+        }
+        wgmma_wait<0>();
+        fence_operands(sc);
+        tr.mark(kTrSDone);
+        owner_step<Element>(s, st, rc, consumer, ti, visible, visible_min, scale_log2, sc, pf, rs, o, tr);
+        tr.mark(kTrPvOwnIssued);
+      } else {
+        // Our own P V of the previous tile must be done before O is rescaled.
+        wgmma_wait<0>();
+        fence_operands(o);
+        fence_operands(pf);  // P's registers stay live until their wgmma completed
+        tr.mark(kTrPvDone);
+        if (has_pending && elected) {
+          release_tile(kv, pending, consumer);
+          tr.mark(kTrReleased);
+        }
+        has_pending = false;
+        other_step<Element>(s, st, rc, consumer, ti, rs, pf, o, tr);
+        tr.mark(kTrPvOtherIssued);
+        if (blk + 1 < w.end_block) {
+          // Hand our boxes of this tile back as soon as our P V of it completed, before waiting on
+          // the next tile's later boxes: left pending until after that S (before v8), the release
+          // of tile g waited for tile g + 1 to land, so the producer could start the load of g + 2
+          // only once g + 1 was in: one 72 KB load in flight per SM instead of two. S of the next tile
+          // starts with its first box, queued behind this P V as its own wgmma group, so the
+          // tensor pipe goes from the P V straight into S instead of idling through the wait,
+          // the release and the first issue; the other eight boxes follow the release.
+          issue_scores(s, kv, st.next(), sc, tr, 0, 1);
+          wgmma_wait<1>();
+          fence_operands(o);
+          tr.mark(kTrPvDone);
+          if (elected) release_tile(kv, st, consumer);
+          tr.mark(kTrReleased);
+          issue_scores(s, kv, st.next(), sc, tr, 1, kKvBoxesQK);
+          tr.mark(kTrSIssued);
+          st.advance();
+          continue;
+        }
+      }
+      has_pending = true;
+      pending = st;
+      st.advance();
+    }
+    wgmma_wait<0>();
+    fence_operands(o);
+    fence_operands(pf);
+    if (elected) {
+      if (has_pending) release_tile(kv, pending, consumer);
+      // Q is no longer read: let the producer load the next request's Q while we finish.
+      ptx::mbarrier_arrive(&s.q_empty);
+    }
+
+    // Epilogue: full row sums over both consumers, normalise, store.
+    const int parity = piece_count & 1;
+    float total[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float mine = quad_sum(rs.l[i]);
+      if ((thread & 3) == 0) s.row_sum[parity][consumer][rc.row[i]] = mine;
+    }
+    ptx::named_barrier_sync(kBarRowSum, kConsumerThreads);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) total[i] = s.row_sum[parity][0][rc.row[i]] + s.row_sum[parity][1][rc.row[i]];
+    const bool bad = s.bad_request[parity] != 0;
+    const RowResult res = finish_rows(rs.m, total, bad);
+
+    const int64_t row0 = static_cast<int64_t>(r) * p.rows + m_block * kBlockM;  // in (b * rows)
+    const int col0 = consumer * kColsPerConsumer;
+    if (w.num_splits == 1) {
+      store_o(o, res, rc, rows_valid, col0, static_cast<Element*>(p.out) + row0 * kHeadDimV);
+      if (consumer == 0 && (thread & 3) == 0) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          if (rc.row[i] < rows_valid) p.lse[row0 + rc.row[i]] = res.lse[i];
+      }
+    } else {
+      const int64_t prow0 = static_cast<int64_t>(w.slot) * p.rows + m_block * kBlockM;  // in (slots * rows)
+      store_o(o, res, rc, rows_valid, col0, p.partial_out + prow0 * kHeadDimV);
+      if (consumer == 0 && (thread & 3) == 0) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          if (rc.row[i] < rows_valid) p.partial_lse[prow0 + rc.row[i]] = res.lse[i];
+      }
+    }
+    tr.mark(kTrPieceEnd);
+    ++piece_count;
   }
   tr.finish();
 }
 
-// kSplit: split parts (p.sm90_split_ctas > 1, wide shape only; split_combine.cuh), a separate
-// instantiation so that the one-CTA-per-part kernel carries none of it.
-template <typename Element, typename Shape, bool kSplit>
+template <typename Element, typename Shape>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap q_map,
                   const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap kv_group_map) {
@@ -524,23 +492,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // With p.cluster_shares_tiles off the cluster only co-locates the row blocks, and each CTA
   // runs as a cluster of one.
   // The narrow shape has one row block, so it never runs as a cluster (launch_shape): a constant 1
-  // drops the cluster paths from its code. Split parts' clusters never share tiles.
-  const bool shares = !kSplit && p.cluster_shares_tiles && !Shape::kNarrow;
+  // drops the cluster paths from its code.
+  const bool shares = p.cluster_shares_tiles && !Shape::kNarrow;
   const int cluster_size = shares ? static_cast<int>(ptx::cluster_nctarank()) : 1;
   const int cta_rank = shares ? static_cast<int>(ptx::cluster_ctarank()) : 0;
   // Grouped copies (kv_producer.cuh kBoxesPerGroup): whole-tile ring (wide shape), one cache row
   // per tile, no tile sharing. Producer and consumers take the same decision.
   const bool grouped_copies = p.sm90_grouped_copies && kWholeTileRing<Shape::kNumSlots> && cluster_size == 1 &&
                               p.page_size >= kBlockN;
-  // Split parts (split_combine.cuh): the cluster is the part's k CTAs of this row block, each loading
-  // its own tiles (never with tile sharing: the handler launches one or the other). The narrow shape
-  // never splits (launch_shape).
-  static_assert(!(kSplit && Shape::kNarrow), "the narrow shape does not split parts");
-  PartSplit split;
-  if constexpr (kSplit) {
-    split.rank = static_cast<int>(ptx::cluster_ctarank());
-    split.count = p.sm90_split_ctas;
-  }
   if (threadIdx.x == 0) {
     ptx::prefetch_tensor_map(&q_map);
     ptx::prefetch_tensor_map(&kv_map);
@@ -548,15 +507,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     s.kv_bars.init(kNumConsumers, cluster_size);
     ptx::mbarrier_init(&s.q_full, 1);
     ptx::mbarrier_init(&s.q_empty, kNumConsumers);
-    if constexpr (kSplit) {
-      ptx::mbarrier_init(&s.split_ready, split.count);
-      ptx::mbarrier_init(&s.split_done, split.count);
-      s.split_merges_read = 0;
-    }
     ptx::fence_barrier_init();
   }
   // Barriers initialised in every CTA before any peer multicasts into them or arrives on them.
-  if (cluster_size > 1 || kSplit) {
+  if (cluster_size > 1) {
     ptx::cluster_sync();
   } else {
     __syncthreads();
@@ -567,26 +521,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   cta_tr.mark_both(kTrDepReady);
   cta_tr.finish();
 
-  const CtaWork work(p, kSplit ? p.sm90_split_ctas : 1);
+  const CtaWork work(p);
   // Warp-uniform by construction (a shuffle from lane 0), so branches on it are not divergent for
   // ptxas: wgmma in a branch it cannot prove uniform gets serialized.
   const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      producer_main<Element, Shape, kSplit>(s, p, &q_map, &kv_map, grouped_copies ? &kv_group_map : nullptr,
-                                    work.part_info, work.split_offsets, work.m_block, cta_rank, cluster_size, split);
+      producer_main<Element, Shape>(s, p, &q_map, &kv_map, grouped_copies ? &kv_group_map : nullptr,
+                                    work.part_info, work.split_offsets, work.m_block, cta_rank, cluster_size);
     }
     __syncwarp();
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    consumer_main<Element, Shape, kSplit>(s, p, work.part_info, work.split_offsets, work.m_block, warpgroup - 1, cluster_size,
-                  grouped_copies, split);
+    consumer_main(s, p, work.part_info, work.split_offsets, work.m_block, warpgroup - 1, cluster_size,
+                  grouped_copies);
   }
-  // No CTA may exit while a peer can still multicast into its shared memory, arrive on its barriers
-  // or (split parts) read its O: every peer has released its last boxes, and read every O it
-  // merges, before it gets here.
-  if (cluster_size > 1 || kSplit) ptx::cluster_sync();
+  // No CTA may exit while a peer can still multicast into its shared memory or arrive on its
+  // barriers: every peer has released its last boxes before it gets here.
+  if (cluster_size > 1) ptx::cluster_sync();
 #endif
 }
 

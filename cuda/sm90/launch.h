@@ -39,17 +39,9 @@ cudaError_t setup_decode();
 template <typename Element>
 int max_active_clusters(int cluster_row_blocks);
 
-// How many clusters of `split` wide-shape CTAs (split parts, DecodeParams::sm90_split_ctas) can be
-// resident at once, with the cluster along the grid dimension that row_blocks_adjacent gives the
-// parts (0 when the launch would fail).
-template <typename Element>
-int max_active_split_clusters(int split, bool row_blocks_adjacent);
-
 // Launches the decode kernel (the narrow or the wide shape: uses_narrow_shape) over grid
 // (p.num_parts, ceil(p.rows / 64)) with programmatic dependent launch, as clusters of
-// p.cluster_row_blocks row blocks when that divides the row-block count (wide shape only), or, with
-// split parts (wide shape, p.sm90_split_ctas = k > 1), over grid (k p.num_parts, row blocks) in
-// clusters of the k CTAs of each part (both grids transposed with p.row_blocks_adjacent).
+// p.cluster_row_blocks row blocks when that divides the row-block count (wide shape only).
 // q_map: (b * rows, 576) box (q_box_rows(p), 64); kv_map: (num_pages * page_size, 576)
 // box (min(page_size, 64), 64); kv_group_map: the cache's column-box view with box (64, 64, 3) when
 // p.sm90_grouped_copies and pages of >= 64 tokens (kv_producer.cuh kBoxesPerGroup), else unused.
