@@ -250,11 +250,12 @@ run_xladump() {
 # benchmarks/trace_chain.py on each config of TRACE_CONFIG (comma-separated; default b128/4K): per role of each CTA, the clocks
 # between consecutive events (S issued, S done, softmax done, P V issued and done, release, acquire),
 # and per tile the clocks from load issue to last box ready. TRACE_ARGS adds arguments (e.g.
-# "--cta 7" for one CTA's events in clock order).
+# "--cta 7" for one CTA's events in clock order). TRACE_WHEEL: another folder holding a traced wheel
+# (e.g. .whl-trace-next, a branch's), instead of .whl-trace.
 run_trace() {
   rm -rf /tmp/jax_mla_trace && mkdir -p /tmp/jax_mla_trace
-  python3 -m pip install -q --no-deps --no-index --target /tmp/jax_mla_trace .whl-trace/jax_mla-*.whl ||
-    { echo "no traced wheel in .whl-trace/"; status=1; return; }
+  python3 -m pip install -q --no-deps --no-index --target /tmp/jax_mla_trace "${TRACE_WHEEL:-.whl-trace}"/jax_mla-*.whl ||
+    { echo "no traced wheel in ${TRACE_WHEEL:-.whl-trace}/"; status=1; return; }
   local cfg
   for cfg in $(echo "${TRACE_CONFIG:-b128_sq1_h128_4k}" | tr ',' ' '); do
     echo "== SM90 event trace: $cfg"

@@ -35,7 +35,8 @@ sys.path.insert(0, HERE)
 # Event ids: cuda/sm90/trace.cuh (TraceEvent).
 EVENTS = {1: "piece_begin", 2: "S_issued", 3: "S_done", 4: "softmax_done", 5: "PV_own_issued", 6: "P_ready",
           7: "PV_other_issued", 8: "PV_done", 9: "released", 10: "piece_end", 11: "last_box_ready",
-          16: "acquired", 17: "load_issued", 18: "cta_entry", 19: "dep_ready", 20: "exit"}
+          16: "acquired", 17: "load_issued", 18: "cta_entry", 19: "dep_ready", 20: "exit",
+          21: "producer_start", 22: "Q_slot_free"}
 LOAD_ISSUED, LAST_BOX_READY = 17, 11
 CTA_ENTRY, DEP_READY, EXIT = 18, 19, 20
 NS_FLAG = 0x80  # event ids stamped with %globaltimer (ns, 56 bits) instead of clock64

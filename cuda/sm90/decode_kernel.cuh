@@ -60,11 +60,15 @@ __device__ __forceinline__ void producer_main(Storage& s, const DecodeParams& p,
   producer.group_map = kv_group_map;
   Tracer tr;
   tr.init(p, 0, true);  // this is the producer's one thread
+  tr.mark(kTrProducerStart);
   // A bad block-table entry anywhere in a piece makes the whole request NaN: the flag is per piece
   // (parity), cleared before its Q load and set before the bad tile's arrivals.
   produce_part<Shape::kQRows>(
       producer, p, q_map, kv_map, part_info, split_offsets, m_block, &s.q[0][0], &s.q_full, &s.q_empty,
-      [&](int parity) { s.bad_request[parity] = 0; },
+      [&](int parity) {
+        tr.mark(kTrQSlotFree);
+        s.bad_request[parity] = 0;
+      },
       [&](int parity, int, bool ok) {
         tr.mark(kTrAcquired);
         if (!ok) s.bad_request[parity] = 1;

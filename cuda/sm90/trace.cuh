@@ -35,6 +35,8 @@ enum TraceEvent : uint32_t {
   kTrCtaEntry = 18,    // CTA role: the kernel's first instruction (thread 0)
   kTrDepReady = 19,    // CTA role: grid_dependency_wait returned (the earlier kernel's memory is visible)
   kTrExit = 20,        // every role: its last event
+  kTrProducerStart = 21,  // producer: its role began (after the dependency wait and setmaxnreg)
+  kTrQSlotFree = 22,   // producer: a piece's schedule entry, length and split offsets read, Q's buffer free
 };
 
 // Events stamped with %globaltimer (ns, low 56 bits) instead of clock64 carry this flag in their id;
