@@ -344,3 +344,16 @@ def test_negative_length_gives_nan_for_that_request_only():
     cases.assert_close_rel_l2(out[ok], lse[ok], np.asarray(ref_out)[ok], np.asarray(ref_lse)[ok],
                               out_tol=1e-2, lse_tol=1e-3)
     assert (out[0].astype(np.float32) == 0).all() and (lse[0] == -np.inf).all()
+
+
+def test_requested_sm90_merge_ran():
+    """Last in this file: with JAX_MLA_SM90_MERGE=fused (tests/test_gpu_merge.py runs this file so),
+    the cases above must have run the decode kernel's own split merge (cuda/sm90/split_merge.cuh),
+    not the combine kernel: a misspelt or unread variable, or a launcher that never finds the grid
+    fitting, fails here instead of passing on the default path."""
+    if os.environ.get("JAX_MLA_SM90_MERGE") != "fused":
+        pytest.skip("JAX_MLA_SM90_MERGE=fused not set (tests/test_gpu_merge.py sets it)")
+    info = jax_mla.kernel_info()
+    if tuple(info.get("compute_capability") or ()) != (9, 0):
+        pytest.skip("the fused merge is an SM90 kernel path")
+    assert _ext.cuda_call_stats().get("sm90_fused_merge_launches", 0) > 0, _ext.cuda_call_stats()

@@ -59,6 +59,14 @@ struct DecodeParams {
   // JAX_MLA_SM90_KV_COPY (group, its default | box).
   bool sm90_grouped_copies = false;
 
+  // SM90: merge the split-KV partials inside the decode kernel instead of the combine kernel
+  // (cuda/sm90/split_merge.cuh). Set by the launcher (decode_launch.cu) only when the whole grid
+  // fits on the GPU at once (the pieces of a request wait for each other) and JAX_MLA_SM90_MERGE
+  // asks for it; merge_counters (b, row blocks) int32 are then zeroed on the stream before the
+  // kernel.
+  bool fused_merge = false;
+  int* merge_counters = nullptr;
+
   // Debug builds only (CMake JAX_MLA_SM90_TRACE): the SM90 kernel's event log, see
   // cuda/sm90/trace.cuh; null otherwise.
   uint64_t* trace = nullptr;

@@ -191,6 +191,30 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int num_threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(num_threads) : "memory");
 }
 
+// ---- grid-scope flags (the SM90 kernel's in-kernel split merge) -------------------------------
+
+// Adds v to a global counter with release semantics at GPU scope: every write this thread has
+// observed (its own, and by bar.sync those of the threads it synchronised with) is visible to a
+// thread that reads the new value with ld_acquire_gpu.
+__device__ __forceinline__ void red_release_gpu_add(int* addr, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(addr), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ int ld_acquire_gpu(const int* addr) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(addr) : "memory");
+  return v;
+}
+
+// Nanoseconds of the GPU's global timer (a progress bound for spin waits).
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void nanosleep(uint32_t ns) { asm volatile("nanosleep.u32 %0;" ::"r"(ns)); }
+
 // ---- programmatic dependent launch ------------------------------------------------------------
 
 // Waits until the preceding grid (launched before this one on the stream) has completed and its

@@ -16,6 +16,7 @@ struct WorkspaceLayout {
   int64_t schedule_offset;     // int32 (schedule_size(b, num_parts)), used when no schedule is passed in
   int64_t partial_lse_offset;  // float (max_splits, rows)
   int64_t partial_out_offset;  // float (max_splits, rows, 512)
+  int64_t merge_counters_offset;  // int32 (b, ceil(rows / kBlockM)): arrivals of a request's pieces (SM90 merge)
   int64_t total_bytes;
 };
 
@@ -25,7 +26,8 @@ MLA_HOST_DEVICE WorkspaceLayout workspace_layout(int64_t batch, int64_t rows, in
   w.schedule_offset = 0;
   w.partial_lse_offset = align_up(schedule_size(batch, num_parts) * 4, 256);
   w.partial_out_offset = w.partial_lse_offset + align_up(splits * rows * 4, 256);
-  w.total_bytes = w.partial_out_offset + splits * rows * kHeadDimV * 4;
+  w.merge_counters_offset = w.partial_out_offset + splits * rows * kHeadDimV * 4;
+  w.total_bytes = w.merge_counters_offset + batch * ((rows + kBlockM - 1) / kBlockM) * 4;
   return w;
 }
 

@@ -81,6 +81,7 @@ std::atomic<long long> g_decode_captured{0};
 // SM90 launches on the shapes for <= 16 rows (sm90/launch.h), so a test of an opt-in shape can check
 // that it ran rather than the wide shape.
 std::atomic<long long> g_sm90_narrow_launches{0};
+std::atomic<long long> g_sm90_fused_merge_launches{0};
 std::atomic<long long> g_sm90_transposed_launches{0};
 
 // Whether the SM90 kernel uses row-block clusters by default (measured slower: docs/performance.md v5).
@@ -127,6 +128,10 @@ struct ProcessEnv {
   // (9 copies of one box). On an H100, group was 1.6% faster on b64/h16 in both A/B pairs, level or
   // 4% faster on b128/4K (docs/performance.md, 2026-12-05, tenth session); not measured on an H200.
   bool sm90_grouped_copies = true;
+  // JAX_MLA_SM90_MERGE: combine (default: split requests merged by the combine kernel) | fused (by
+  // the decode kernel itself when its grid fits on the GPU at once: cuda/sm90/split_merge.cuh).
+  // Experiment of the fifteenth session (docs/performance.md).
+  bool sm90_fused_merge = false;
 };
 
 const ProcessEnv& process_env() {
@@ -138,7 +143,7 @@ const ProcessEnv& process_env() {
     e.self_check = c ? c : "";
     e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
     // Tuning switches (not semantics): JAX_MLA_SM90_CLUSTER, JAX_MLA_KV_L2_HINT, JAX_MLA_SM90_GRID,
-    // JAX_MLA_SM90_NARROW, JAX_MLA_SM90_KV_COPY.
+    // JAX_MLA_SM90_NARROW, JAX_MLA_SM90_KV_COPY, JAX_MLA_SM90_MERGE.
     const int cluster = env_choice("JAX_MLA_SM90_CLUSTER", {"0", "1", "placement"}, -1);
     if (cluster >= 0) e.sm90_cluster = cluster == 0 ? 0 : 1;
     e.sm90_cluster_placement = cluster == 2;
@@ -151,6 +156,7 @@ const ProcessEnv& process_env() {
         env_choice("JAX_MLA_SM90_NARROW", {"0", "1", "transposed", "transposed_pipelined", "transposed_splitk"},
                    static_cast<int>(e.sm90_small_rows)));
     e.sm90_grouped_copies = env_choice("JAX_MLA_SM90_KV_COPY", {"box", "group"}, e.sm90_grouped_copies ? 1 : 0) == 1;
+    e.sm90_fused_merge = env_choice("JAX_MLA_SM90_MERGE", {"combine", "fused"}, e.sm90_fused_merge ? 1 : 0) == 1;
     return e;
   }();
   return env;
@@ -318,12 +324,15 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   const WorkspaceLayout layout = workspace_layout(p.batch, p.rows, p.num_parts);
   p.partial_lse = reinterpret_cast<float*>(ws + layout.partial_lse_offset);
   p.partial_out = reinterpret_cast<float*>(ws + layout.partial_out_offset);
+  p.merge_counters = reinterpret_cast<int*>(ws + layout.merge_counters_offset);
+  p.fused_merge = process_env().sm90_fused_merge;  // the launcher keeps it only where it fits
   const LaunchStatus st =
       launch_decode_kernel(sel.kernel, p, reinterpret_cast<int32_t*>(ws + layout.schedule_offset), stream);
   if (!st.ok()) {
     if (st.error != cudaSuccess) return cuda_error(st.what, st.error);
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_mla_decode: ") + st.what);
   }
+  if (st.fused_merge) g_sm90_fused_merge_launches.fetch_add(1, std::memory_order_relaxed);
   if (sel.kernel == Kernel::kSm90 && sm90::uses_transposed_shape(p)) {
     g_sm90_transposed_launches.fetch_add(1, std::memory_order_relaxed);
   } else if (sel.kernel == Kernel::kSm90 && sm90::uses_narrow_shape(p)) {
@@ -382,7 +391,8 @@ TraceDump sm90_trace_read(bool reset) {
 CudaCallStats cuda_call_stats() {
   CudaCallStats st{g_decode_calls.load(std::memory_order_relaxed), g_decode_captured.load(std::memory_order_relaxed),
                    0, 0, g_sm90_narrow_launches.load(std::memory_order_relaxed),
-                   g_sm90_transposed_launches.load(std::memory_order_relaxed)};
+                   g_sm90_transposed_launches.load(std::memory_order_relaxed),
+                   g_sm90_fused_merge_launches.load(std::memory_order_relaxed)};
   if (g_devices[0].ready.load(std::memory_order_acquire)) {
     st.sm90_cluster_row_blocks = g_devices[0].sm90_cluster_row_blocks;
     st.sm90_max_active_clusters = g_devices[0].sm90_max_active_clusters;

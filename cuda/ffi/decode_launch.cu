@@ -86,6 +86,21 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedu
       return st;
     }
   }
+  // The SM90 kernel merges split requests itself when asked and its grid fits at once
+  // (sm90/split_merge.cuh): its arrival counters start at zero, and no combine kernel follows.
+#ifdef JAX_MLA_HAVE_SM90
+  p.fused_merge = p.fused_merge && kernel == Kernel::kSm90 && p.merge_counters != nullptr && sm90::fused_merge_fits(p);
+#else
+  p.fused_merge = false;
+#endif
+  if (p.fused_merge) {
+    const size_t bytes = static_cast<size_t>(p.batch) * ((p.rows + kBlockM - 1) / kBlockM) * sizeof(int);
+    if ((st.error = cudaMemsetAsync(p.merge_counters, 0, bytes, stream)) != cudaSuccess) {
+      st.what = "merge counter reset";
+      return st;
+    }
+  }
+  st.fused_merge = p.fused_merge;
   if (p.schedule == nullptr) {
     if ((st.error = launch_schedule(p.seq_lens, p.batch, p.num_parts, schedule_scratch, stream)) != cudaSuccess) {
       st.what = "scheduler launch";
@@ -123,6 +138,7 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedu
     st.what = "decode kernel launch";
     return st;
   }
+  if (p.fused_merge) return st;
   if ((st.error = launch_combine(p, p.sm_count, programmatic, stream)) != cudaSuccess) st.what = "combine kernel launch";
   return st;
 }

@@ -21,6 +21,7 @@ cudaError_t setup_decode_kernels(int cc_major, int cc_minor);
 struct LaunchStatus {
   cudaError_t error = cudaSuccess;
   const char* what = nullptr;  // which step failed ("decode kernel launch", a TMA descriptor, ...)
+  bool fused_merge = false;    // the decode kernel merged the split requests (no combine kernel ran)
   bool ok() const { return what == nullptr; }
 };
 

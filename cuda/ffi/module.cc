@@ -82,6 +82,7 @@ nb::dict cuda_call_stats() {
   d["sm90_max_active_clusters"] = st.sm90_max_active_clusters;
   d["sm90_narrow_launches"] = st.sm90_narrow_launches;
   d["sm90_transposed_launches"] = st.sm90_transposed_launches;
+  d["sm90_fused_merge_launches"] = st.sm90_fused_merge_launches;
 #else
   d["decode_calls"] = 0;
   d["decode_captured"] = 0;

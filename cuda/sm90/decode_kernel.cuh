@@ -43,6 +43,7 @@
 #include "config.h"
 #include "epilogue.cuh"
 #include "softmax.cuh"
+#include "split_merge.cuh"
 #include "trace.cuh"
 #include "wgmma.cuh"
 
@@ -341,6 +342,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, 
   TileCursor<Shape> st;  // ring position and owner of the CTA's next tile
   int piece_count = 0;
   const int rows_valid = min(kBlockM, p.rows - m_block * kBlockM);
+  const int merge_thread = consumer * 128 + thread;  // 0..255 over both consumers, warps aligned
 
   for (int r = part_info[kPartBeginReq]; r <= part_info[kPartEndReq]; ++r) {
     const PieceOfWork w = piece_of(part_info, split_offsets, p.seq_lens, r);
@@ -472,10 +474,16 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, 
         for (int i = 0; i < 2; ++i)
           if (rc.row[i] < rows_valid) p.partial_lse[prow0 + rc.row[i]] = res.lse[i];
       }
+      if (!Shape::kNarrow && p.fused_merge) {  // split_merge.cuh: arrive now, merge our share after the last piece
+        arrive_piece(merge_counter(p, r, m_block), merge_thread);
+      }
     }
     tr.mark(kTrPieceEnd);
     ++piece_count;
   }
+  // After the last wgmma of the CTA: waiting and merging inside the piece loop would stall the next
+  // piece, and ptxas serialises every wgmma of the kernel when global loads sit between them (C7520).
+  if (!Shape::kNarrow && p.fused_merge) merge_split_pieces<Element>(p, part_info, split_offsets, m_block, rows_valid, merge_thread);
   tr.finish();
 }
 
@@ -534,6 +542,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       producer_main<Element, Shape>(s, p, &q_map, &kv_map, grouped_copies ? &kv_group_map : nullptr,
                                     work.part_info, work.split_offsets, work.m_block, cta_rank, cluster_size);
+    } else if (!Shape::kNarrow && p.fused_merge && threadIdx.x >= 32) {
+      // No combine kernel runs after this one: warps 1-3 write the requests with no piece.
+      write_empty_requests<Element>(p, blockIdx.x + blockIdx.y * gridDim.x, gridDim.x * gridDim.y,
+                                    threadIdx.x - 32, 96);
     }
     __syncwarp();
   } else {

@@ -24,6 +24,20 @@ inline bool uses_transposed_shape(const DecodeParams& p) {
   return p.sm90_small_rows >= Sm90SmallRows::kTransposed && p.rows <= kNarrowMaxRows;
 }
 
+// The in-kernel split merge (split_merge.cuh, p.fused_merge): the pieces of a request wait for each
+// other, so every CTA of the grid must be resident at once (one decode CTA fills an SM: at most
+// sm_count CTAs), with no cluster launch, on the wide shape only (the narrow shape spills with it;
+// the transposed kernel has its own epilogue), and at
+// most kFusedMergeMaxParts parts (a row's splits, one LSE per lane and register).
+inline constexpr int kFusedMergeMaxParts = 128;
+inline bool fused_merge_fits(const DecodeParams& p) {
+  const int m_blocks = (p.rows + kBlockM - 1) / kBlockM;
+  const bool cluster = !p.row_blocks_adjacent && p.cluster_row_blocks > 1 && m_blocks % p.cluster_row_blocks == 0;
+  const int64_t sms = p.sm_count > 0 ? p.sm_count : 132;
+  return !uses_transposed_shape(p) && !uses_narrow_shape(p) && !cluster && p.num_parts <= kFusedMergeMaxParts &&
+         static_cast<int64_t>(m_blocks) * p.num_parts <= sms;
+}
+
 // Rows of the Q tensor map's box that launch_decode expects: 16 for the narrow and transposed
 // shapes, else 64.
 inline int q_box_rows(const DecodeParams& p) {

@@ -1,0 +1,229 @@
+// In-kernel merge of split-KV partials (SM90 decode kernel, p.fused_merge; JAX_MLA_SM90_MERGE=fused).
+//
+// Without it, every piece of a split request stores its fp32 partial (O normalised by its own sum,
+// and its LSE) and a second kernel (cuda/common/combine.cu) merges them once the whole decode grid
+// has drained. At small batch that second kernel is about a third of a call (b16/1K: ~10 us of
+// ~35 on ncu; docs/performance.md), most of it latency: the grid drain, the launch, the ramp, the
+// dependent LSE -> partial loads. Here the n CTAs holding the pieces of one (request, row block)
+// instead wait for each other and merge 1/n of its rows each, right after their own store, while
+// the partials are still in L2:
+//   1. each CTA stores its partial as before, then one thread adds 1 to the (request, row block)
+//      counter with release semantics (after a barrier of both consumers: CUTLASS's split-K
+//      semaphore pattern);
+//   2. that thread spins until the counter reaches n (acquire), a second barrier releases the rest;
+//   3. piece j (its slot - split_offsets[r]) merges rows [j R, j R + R), R = ceil(rows / n), with
+//      the math of combine.h (same NaN / -inf rules), and writes the output rows and their LSE.
+// Waiting on other CTAs needs every CTA of the grid resident at once: the launcher turns this on
+// only when the grid is at most one CTA per SM (decode_launch.cu), and the wait has a time bound
+// (kMergeTimeoutNs) that traps instead of hanging. The counters (b, row blocks) are zeroed by a
+// memset on the stream before the kernel. Requests with no piece (seq_len <= 0) are written by the
+// producer warpgroup's idle warps at the start (write_empty_requests).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "../common/config.h"
+#include "../common/params.h"
+#include "../common/ptx.cuh"
+#include "../common/row_math.cuh"
+#include "../common/scheduler.h"
+#include "config.h"
+#include "launch.h"
+#include "softmax.cuh"
+
+namespace jax_mla::sm90 {
+
+inline constexpr int kMergeWarps = kConsumerThreads / 32;          // 8: both consumers
+inline constexpr int kMergeColsPerWarp = kHeadDimV / kMergeWarps;  // 64: a float2 per lane
+static_assert(kMergeColsPerWarp == 64, "a warp's 64 columns are one float2 per lane");
+// Splits a row may have (num_splits <= num_parts): lane l holds the LSEs of splits l + 32 k.
+inline constexpr int kMergeLseRegs = 4;
+static_assert(32 * kMergeLseRegs == kFusedMergeMaxParts, "launch.h's part limit is what the merge can hold");
+// A wait longer than this is a bug (or CTAs that cannot all be resident): trap, do not hang.
+inline constexpr uint64_t kMergeTimeoutNs = 10ull * 1000 * 1000 * 1000;
+
+__device__ __forceinline__ float merge_warp_max(float x) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, d));
+  return x;
+}
+__device__ __forceinline__ float merge_warp_sum(float x) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) x += __shfl_xor_sync(0xffffffff, x, d);
+  return x;
+}
+
+// Both consumers (256 threads, `thread` 0..255): this CTA's partial of the (request, row block) is
+// stored; add its arrival to the counter. Never waits, so a CTA's later pieces go on at once.
+__device__ __forceinline__ void arrive_piece(int* counter, int thread) {
+  ptx::named_barrier_sync(kBarRowSum, kConsumerThreads);  // every partial store of the CTA is issued
+  if (thread == 0) ptx::red_release_gpu_add(counter, 1);
+}
+
+// Both consumers: wait until all n pieces of the (request, row block) have arrived.
+__device__ __forceinline__ void wait_pieces(const int* counter, int n, int thread) {
+  if (thread == 0) {
+    const uint64_t t0 = ptx::global_timer_ns();
+    while (ptx::ld_acquire_gpu(counter) < n) {
+      if (ptx::global_timer_ns() - t0 > kMergeTimeoutNs) __trap();
+    }
+  }
+  ptx::named_barrier_sync(kBarRowSum, kConsumerThreads);
+}
+
+// Merges rows [row_begin, row_end) (rows of the request) over its n pieces at workspace slots
+// first_slot .. first_slot + n - 1, G rows at a time with U splits' loads in flight per row: every
+// load of a round is issued before the first is used. Warp w owns columns [64 w, 64 w + 64).
+template <typename Element, int G, int U>
+__device__ __forceinline__ void merge_rows(const DecodeParams& p, int request, int row_begin, int row_end,
+                                           int first_slot, int n, int thread) {
+  const int lane = thread % 32, warp = thread / 32;
+  const int64_t rows = p.rows;
+  const int col = warp * kMergeColsPerWarp + lane * 2;
+  const int64_t split_stride = rows * kHeadDimV;
+  for (int r0 = row_begin; r0 < row_end; r0 += G) {
+    float l[G][kMergeLseRegs];  // (row of the group, k): LSE of split lane + 32 k
+    float2 v[G][U];             // (row of the group, split of the round)
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int row = min(r0 + g, row_end - 1);  // a short last group repeats its last row (not stored)
+      const float* lse_col = p.partial_lse + static_cast<int64_t>(first_slot) * rows + row;
+      const float* src = p.partial_out + (static_cast<int64_t>(first_slot) * rows + row) * kHeadDimV + col;
+#pragma unroll
+      for (int k = 0; k < kMergeLseRegs; ++k) {
+        const int s = lane + 32 * k;
+        l[g][k] = s < n ? __ldcg(lse_col + s * rows) : -INFINITY;
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        v[g][u] = u < n ? __ldcg(reinterpret_cast<const float2*>(src + u * split_stride)) : make_float2(0.f, 0.f);
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int row = min(r0 + g, row_end - 1);
+      const float* src = p.partial_out + (static_cast<int64_t>(first_slot) * rows + row) * kHeadDimV + col;
+      // combine.h's weights: m = max LSE (NaN tracked apart: fmaxf drops it), w_s = exp(lse_s - m) / sum.
+      float m = -INFINITY;
+      bool bad = false;
+#pragma unroll
+      for (int k = 0; k < kMergeLseRegs; ++k) {
+        bad |= isnan(l[g][k]);
+        m = fmaxf(m, l[g][k]);
+      }
+      m = merge_warp_max(m);
+      bad = __any_sync(0xffffffff, bad);
+      float w[kMergeLseRegs];
+      float sum = 0.f;
+#pragma unroll
+      for (int k = 0; k < kMergeLseRegs; ++k) {
+        w[k] = m == -INFINITY ? 0.f : expf(l[g][k] - m);  // exp(-inf) == 0 for empty splits and s >= n
+        sum += w[k];
+      }
+      sum = merge_warp_sum(sum);
+      const float inv = m == -INFINITY ? 0.f : 1.f / sum;
+      float2 acc = make_float2(0.f, 0.f);
+      for (int base = 0; base < n; base += U) {
+        if (base > 0) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            v[g][u] = base + u < n ? __ldcg(reinterpret_cast<const float2*>(src + (base + u) * split_stride))
+                                   : make_float2(0.f, 0.f);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int s = base + u;
+          if (s < n) {  // split s's weight sits in lane s % 32, register s / 32 (kMergeLseRegs of them)
+            const int k = s >> 5;
+            const float wk = k == 0 ? w[0] : k == 1 ? w[1] : k == 2 ? w[2] : w[3];
+            const float ws = __shfl_sync(0xffffffff, wk, s & 31) * inv;
+            acc.x = fmaf(ws, v[g][u].x, acc.x);
+            acc.y = fmaf(ws, v[g][u].y, acc.y);
+          }
+        }
+      }
+      static_assert(kMergeLseRegs == 4, "the weight select above names four registers");
+      if (r0 + g < row_end) {
+        const int64_t out_row = static_cast<int64_t>(request) * rows + row;
+        const float x = bad ? NAN : acc.x, y = bad ? NAN : acc.y;
+        *reinterpret_cast<uint32_t*>(static_cast<Element*>(p.out) + out_row * kHeadDimV + col) = pack2<Element>(x, y);
+        if (thread == 0) p.lse[out_row] = bad ? NAN : (m == -INFINITY ? -INFINITY : m + logf(sum));
+      }
+    }
+  }
+}
+
+// Piece `piece` (0 .. n - 1) of a (request, row block) with rows_valid rows, after every piece has
+// arrived: merge its share of the rows. Few pieces (b16/1K: 4): several rows per piece, 4 rows x 8
+// splits in flight; many (b1/32K: 66): a row or two per piece, 32 splits of one row in flight.
+template <typename Element>
+__device__ __forceinline__ void merge_piece_rows(const DecodeParams& p, int request, int m_block, int rows_valid,
+                                                 int first_slot, int n, int piece, int thread) {
+  // Loaded values are per-thread to ptxas: shuffled from lane 0, the loops and branches below are
+  // provably warp-uniform, which keeps ptxas from serialising the kernel's wgmmas (C7520).
+  n = __shfl_sync(0xffffffff, n, 0);
+  first_slot = __shfl_sync(0xffffffff, first_slot, 0);
+  piece = __shfl_sync(0xffffffff, piece, 0);
+  request = __shfl_sync(0xffffffff, request, 0);
+  const int per = (rows_valid + n - 1) / n;
+  const int begin = m_block * kBlockM + min(rows_valid, piece * per);
+  const int end = m_block * kBlockM + min(rows_valid, piece * per + per);
+  if (begin >= end) return;
+  if (n <= 8) {
+    merge_rows<Element, 4, 8>(p, request, begin, end, first_slot, n, thread);
+  } else {
+    merge_rows<Element, 1, 32>(p, request, begin, end, first_slot, n, thread);
+  }
+}
+
+// The combine list's requests with no piece (seq_len <= 0): out = 0 and lse = -inf, or NaN for a
+// negative (invalid) length, as combine.cu writes them. CTA `cta` of `num_ctas` takes list entries
+// cta, cta + num_ctas, ...; `thread` 0 .. num_threads - 1 of the calling warps.
+template <typename Element>
+__device__ __forceinline__ void write_empty_requests(const DecodeParams& p, int cta, int num_ctas, int thread,
+                                                     int num_threads) {
+  const int32_t* split_offsets = p.schedule + split_offsets_begin(p.num_parts);  // (b + 1)
+  const int32_t* combine = p.schedule + combine_begin(p.batch, p.num_parts);     // (kCombineHeader + b)
+  const int num_listed = min(max(combine[kCombineCount], 0), p.batch);
+  for (int i = cta; i < num_listed; i += num_ctas) {
+    const int r = combine[kCombineHeader + i];
+    if (r < 0 || r >= p.batch || split_offsets[r + 1] != split_offsets[r]) continue;
+    const bool bad = p.seq_lens[r] < 0;
+    const float x = bad ? NAN : 0.f;
+    const uint32_t pair = pack2<Element>(x, x);
+    const int64_t row0 = static_cast<int64_t>(r) * p.rows;
+    uint32_t* dst = reinterpret_cast<uint32_t*>(static_cast<Element*>(p.out) + row0 * kHeadDimV);  // (rows, 256) pairs
+    for (int64_t e = thread; e < static_cast<int64_t>(p.rows) * (kHeadDimV / 2); e += num_threads) dst[e] = pair;
+    for (int row = thread; row < p.rows; row += num_threads) p.lse[row0 + row] = bad ? NAN : -INFINITY;
+  }
+}
+
+// The (request, row block) arrival counter: (b, ceil(rows / 64)) int32.
+__device__ __forceinline__ int* merge_counter(const DecodeParams& p, int request, int m_block) {
+  return p.merge_counters + static_cast<int64_t>(request) * ((p.rows + kBlockM - 1) / kBlockM) + m_block;
+}
+
+// Both consumers, after the CTA's last piece: for each split piece of the part (only its first and
+// its last request can be split: the requests between lie wholly inside it), wait for the request's
+// other pieces and merge this piece's share of the rows. Nothing is carried through the piece loop
+// (registers there are the wgmma accumulators'); the schedule entries are re-read (L1 hits).
+template <typename Element>
+__device__ __forceinline__ void merge_split_pieces(const DecodeParams& p, const int32_t* part_info,
+                                                   const int32_t* split_offsets, int m_block, int rows_valid,
+                                                   int thread) {
+  const int first = part_info[kPartBeginReq], last = part_info[kPartEndReq];
+#pragma unroll 1
+  for (int k = 0; k < 2; ++k) {
+    const int r = k == 0 ? first : last;
+    if (r > last || (k == 1 && last == first)) continue;  // empty part, or one request: visited once
+    const PieceOfWork w = piece_of(part_info, split_offsets, p.seq_lens, r);
+    if (w.begin_block >= w.end_block || w.num_splits <= 1) continue;
+    const int first_slot = split_offsets[r];
+    wait_pieces(merge_counter(p, r, m_block), w.num_splits, thread);
+    merge_piece_rows<Element>(p, r, m_block, rows_valid, first_slot, w.num_splits, w.slot - first_slot, thread);
+  }
+}
+
+}  // namespace jax_mla::sm90
