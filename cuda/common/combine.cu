@@ -34,6 +34,7 @@
 #include "launch.h"
 #include "params.h"
 #include "ptx.cuh"
+#include "row_math.cuh"
 #include "scheduler.h"
 
 namespace jax_mla {
@@ -56,17 +57,6 @@ constexpr int kRowFloat4PerLane = kFloat4PerRow / 32;  // 4
 constexpr int kFewUnroll = 4;                          // 4 x 4 float4 loads in flight per lane
 static_assert(kRowFloat4PerLane * 32 == kFloat4PerRow);
 static_assert(kManySplits <= 2 * kFewUnroll, "a few-split row takes at most two rounds of loads");
-
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, d));
-  return x;
-}
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) x += __shfl_xor_sync(0xffffffff, x, d);
-  return x;
-}
 
 __device__ __forceinline__ void fma4(float4& acc, float w, const float4& v) {
   acc.x = fmaf(w, v.x, acc.x);

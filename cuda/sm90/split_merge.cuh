@@ -43,17 +43,6 @@ static_assert(32 * kMergeLseRegs == kFusedMergeMaxParts, "launch.h's part limit 
 // A wait longer than this is a bug (or CTAs that cannot all be resident): trap, do not hang.
 inline constexpr uint64_t kMergeTimeoutNs = 10ull * 1000 * 1000 * 1000;
 
-__device__ __forceinline__ float merge_warp_max(float x) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, d));
-  return x;
-}
-__device__ __forceinline__ float merge_warp_sum(float x) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) x += __shfl_xor_sync(0xffffffff, x, d);
-  return x;
-}
-
 // Both consumers (256 threads, `thread` 0..255): this CTA's partial of the (request, row block) is
 // stored; add its arrival to the counter. Never waits, so a CTA's later pieces go on at once.
 __device__ __forceinline__ void arrive_piece(int* counter, int thread) {
@@ -112,7 +101,7 @@ __device__ __forceinline__ void merge_rows(const DecodeParams& p, int request, i
         bad |= isnan(l[g][k]);
         m = fmaxf(m, l[g][k]);
       }
-      m = merge_warp_max(m);
+      m = warp_max(m);
       bad = __any_sync(0xffffffff, bad);
       float w[kMergeLseRegs];
       float sum = 0.f;
@@ -121,7 +110,7 @@ __device__ __forceinline__ void merge_rows(const DecodeParams& p, int request, i
         w[k] = m == -INFINITY ? 0.f : expf(l[g][k] - m);  // exp(-inf) == 0 for empty splits and s >= n
         sum += w[k];
       }
-      sum = merge_warp_sum(sum);
+      sum = warp_sum(sum);
       const float inv = m == -INFINITY ? 0.f : 1.f / sum;
       float2 acc = make_float2(0.f, 0.f);
       for (int base = 0; base < n; base += U) {
