@@ -6,6 +6,8 @@ was written for, so no path can silently fall back to something slower:
   - the portable kernel (sm_80, which runs on every 8.x GPU, sm_90 and sm_120): HMMA (mma.sync),
     LDSM (ldmatrix) and LDGSTS (cp.async), and no local-memory spills (LDL/STL); its compute_80 PTX
     (for GPUs without a cubin) must be embedded too.
+The SM90 wide shape must also carry the in-kernel split merge (cuda/sm90/split_merge.cuh, opt-in
+at run time): its release-add on the arrival counter (REDG ... STRONG.GPU).
 Every instantiation must be there: bf16 and fp16 of each kernel, and for SM90 the five kernels (the
 wide and narrow shapes, cuda/sm90/config.h, and the transposed kernel plain, pipelined and
 pipelined with split-K scores, cuda/sm90/transposed_kernel.cuh). Uses cuobjdump and nvdisasm from
@@ -52,6 +54,9 @@ def kernels(sass: str) -> dict[str, str]:
 _SM100 = {"UTC*MMA": r"\bUTC\w*MMA\b", "LDTM": r"\bLDTM\b", "UTMALDG": r"\bUTMALDG\b"}
 _PORTABLE = {"HMMA": r"\bHMMA\b", "LDSM": r"\bLDSM\b", "LDGSTS": r"\bLDGSTS\b"}
 _SPILLS = {"LDL": r"\bLDL\b", "STL": r"\bSTL\b"}
+# The SM90 wide shape's mangled name (KernelShape<64, 18>) and the release-add of its split merge.
+_SM90_WIDE = "KernelShapeILi64E"
+_MERGE_ARRIVE = r"\bREDG\.E\.ADD\.S32\.STRONG\.GPU\b"
 # (architecture, kernel namespace, decode kernels expected, required instruction patterns, forbidden ones,
 #  required in the build?)
 CHECKS = (
@@ -101,6 +106,8 @@ def main() -> int:
             print(f"  {n[:70]}: " + ", ".join(f"{i} x{c}" for i, c in counts.items()))
             failures += [f"{arch}: {n} has no {i}" for i in required if counts[i] == 0]
             failures += [f"{arch}: {n} has {i} (register spills)" for i in forbidden if counts[i] > 0]
+            if namespace == "sm90" and _SM90_WIDE in n and not re.search(_MERGE_ARRIVE, text):
+                failures.append(f"{arch}: {n} (wide shape) has no split-merge arrival (REDG ... STRONG.GPU)")
     res = subprocess.run([tool, "--list-ptx", so], capture_output=True, text=True)
     ptx = re.findall(r"PTX file\s+\d+:\s+(\S+)\.(sm_\d+)\.ptx", res.stdout)
     portable_ptx = sorted(f"{n}.{a}" for n, a in ptx if n in ("decode_bf16", "decode_fp16") and a == "sm_80")
