@@ -97,11 +97,17 @@ def test_registrations_format():
 def test_sizes():
     # parts, split_offsets (b + 1), combine list header (2) and entries (b).
     assert _ext.schedule_size(3, 5) == 5 * 8 + (3 + 1) + 2 + 3
-    # schedule, then partial lse (max_splits = b + parts slots, 256-byte aligned), then partial out.
+    # schedule, then partial lse (max_splits = b + parts slots, 256-byte aligned), then partial out,
+    # then the SM90 split merge's arrival counters: (b, ceil(rows / 64)) int32.
     b, rows, parts = 3, 32, 5
     lse_offset = -(-_ext.schedule_size(b, parts) * 4 // 256) * 256
     out_offset = lse_offset + -(-(b + parts) * rows * 4 // 256) * 256
-    assert _ext.workspace_bytes(b, rows, parts) == out_offset + (b + parts) * rows * 512 * 4
+    counters_offset = out_offset + (b + parts) * rows * 512 * 4
+    assert _ext.workspace_bytes(b, rows, parts) == counters_offset + b * 1 * 4
+    rows = 130  # three row blocks
+    lse_offset = -(-_ext.schedule_size(2, parts) * 4 // 256) * 256
+    out_offset = lse_offset + -(-(2 + parts) * rows * 4 // 256) * 256
+    assert _ext.workspace_bytes(2, rows, parts) == out_offset + (2 + parts) * rows * 512 * 4 + 2 * 3 * 4
     with pytest.raises(ValueError):
         _ext.schedule_size(3, 0)
     with pytest.raises(ValueError):
