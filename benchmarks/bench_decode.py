@@ -17,12 +17,15 @@ timed runs without calling the handler, so a captured row shows handler runs = 2
 traced = calls.
 
 Usage: python benchmarks/bench_decode.py [--only NAME[,NAME...]] [--xla] [--kernel portable] [--num-parts 16,33,66]
-                                        [--json out.json]
+                                        [--merge combine,fused] [--json out.json]
 
 --kernel times a forced CUDA kernel (mla_decode's kernel= argument: auto, sm90, sm100, portable);
 the table and the JSON record it, with jax_mla.kernel_info() of the device. --num-parts times each
 config once per listed split-KV part count (decode_schedule's num_parts; "0" is the default policy),
-for tuning the default; rows are named jax_mla/pN.
+for tuning the default; rows are named jax_mla/pN. --merge times each SM90 split-merge mode
+(combine kernel or fused into the decode kernel, _ext.set_sm90_merge). With more than one part count
+or mode, the variants are timed in turn inside one process (A B A B ...), so that the differences
+between processes (5-16% on the device machine) do not enter the comparison.
 """
 
 from __future__ import annotations
@@ -104,6 +107,28 @@ def time_step(fn, args, repeats: int, calls: int) -> float:
     return times[len(times) // 2]
 
 
+def time_steps_interleaved(fns, args, repeats: int, calls: int, before_each=None) -> list[float]:
+    """Median microseconds per call of each of several steps, timed in turn (A B C A B C ...) in
+    one process on the same buffers, so that what differs between processes (where the buffers
+    landed in memory: 5-16% on the device machine, docs/performance.md) is the same for every
+    variant. before_each(i) runs before each run of step i (untimed)."""
+    import jax
+    for i, fn in enumerate(fns):
+        if before_each:
+            before_each(i)
+        jax.block_until_ready(fn(*args))  # compile + warm-up (XLA records the CUDA graph on run 2)
+        jax.block_until_ready(fn(*args))
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            if before_each:
+                before_each(i)
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            times[i].append((time.perf_counter() - t0) / calls * 1e6)
+    return [sorted(t)[len(t) // 2] for t in times]
+
+
 def _decode_stats(jax_mla, backend):
     """(decode handler runs, of which traced into a CUDA graph) so far in this process; None off GPU."""
     if backend != "gpu":
@@ -148,6 +173,10 @@ def main() -> int:
                     help="CUDA kernel to time (mla_decode's kernel= argument)")
     ap.add_argument("--num-parts", default="0",
                     help="comma-separated split-KV part counts to time (0 = the default policy)")
+    ap.add_argument("--merge", default="env",
+                    help="comma-separated SM90 split-merge modes to time: env (JAX_MLA_SM90_MERGE decides), "
+                         "combine, fused. Several part counts or modes are timed interleaved in one process "
+                         "(rows jax_mla/pN/MODE)")
     args = ap.parse_args()
     _setup_xla_flags(not args.no_graphs)
 
@@ -171,6 +200,10 @@ def main() -> int:
     part_counts = [int(x) for x in args.num_parts.split(",")]
     if any(n < 0 for n in part_counts):
         ap.error("--num-parts takes counts >= 0 (0 = the default policy)")
+    merge_modes = args.merge.split(",")
+    if any(m not in ("env", "combine", "fused") for m in merge_modes):
+        ap.error("--merge takes env, combine and fused")
+    variants = [(n, m) for n in part_counts for m in merge_modes]
     rng = np.random.default_rng(1234)
     rows = []
 
@@ -229,15 +262,28 @@ def main() -> int:
                                                 out_dtype=jnp.float32)
         err = float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
         impl = "jax_mla" if args.kernel == "auto" else f"jax_mla[{args.kernel}]"
-        for num_parts in part_counts:
-            before = _decode_stats(jax_mla, backend)
-            us = time_step(make_step(op, num_parts), (q, cache, tables, seq_lens), args.repeats, calls)
-            after = _decode_stats(jax_mla, backend)
-            # Decode calls of this row that ran the handler, and how many of those were traced into a
-            # CUDA graph (replays of a recorded graph do not run the handler at all).
-            tag = (f"/p{num_parts}" if num_parts else "") + ("/l2res" if args.l2_resident else "")
-            row = dict(name=cfg.name, impl=impl + tag, kernel=args.kernel, num_parts=num_parts, us=us,
-                       rel_err=err, calls=calls, sets=num_sets, l2_resident=args.l2_resident)
+        # Only when asked: an older install (an A/B against a wheel on PYTHONPATH) has no set_sm90_merge.
+        set_merge = jax_mla._ext.set_sm90_merge if merge_modes != ["env"] else (lambda mode: None)
+        before = _decode_stats(jax_mla, backend)
+        if len(variants) == 1:
+            set_merge(variants[0][1])
+            times = [time_step(make_step(op, variants[0][0]), (q, cache, tables, seq_lens), args.repeats, calls)]
+        else:
+            # One jitted step per variant (each records its own CUDA graph under its own mode), timed
+            # in turn; the mode is set again before every run, for steps XLA did not capture.
+            steps = [make_step(op, n) for n, _ in variants]
+            times = time_steps_interleaved(steps, (q, cache, tables, seq_lens), args.repeats, calls,
+                                           before_each=lambda i: set_merge(variants[i][1]))
+        set_merge("env")
+        after = _decode_stats(jax_mla, backend)
+        for (num_parts, merge), us in zip(variants, times):
+            # Decode calls of this config that ran the handler (all variants together), and how many of
+            # those were traced into a CUDA graph (replays of a recorded graph do not run the handler).
+            tag = ((f"/p{num_parts}" if num_parts else "") + (f"/{merge}" if merge != "env" else "")
+                   + ("/l2res" if args.l2_resident else ""))
+            row = dict(name=cfg.name, impl=impl + tag, kernel=args.kernel, num_parts=num_parts, merge=merge, us=us,
+                       rel_err=err, calls=calls, sets=num_sets, l2_resident=args.l2_resident,
+                       interleaved=len(variants) > 1)
             if before is not None:
                 row.update(handler_calls=after[0] - before[0], traced_calls=after[1] - before[1])
             finish_row(cfg, row)

@@ -224,3 +224,14 @@ def test_generic_and_default_cpu_paths_agree(tmp_path):
     (out_a, lse_a), (out_b, lse_b) = results
     np.testing.assert_allclose(out_a, out_b, atol=2e-3)
     np.testing.assert_allclose(lse_a, lse_b, rtol=1e-5, atol=1e-5)
+
+
+def test_set_sm90_merge_round_trip():
+    """_ext.set_sm90_merge (benchmarks' in-process A/B of the SM90 split merge) returns the previous
+    setting, refuses unknown names, and is back at "env" afterwards."""
+    assert _ext.set_sm90_merge("fused") == "env"
+    assert _ext.set_sm90_merge("combine") == "fused"
+    with pytest.raises(ValueError, match="env, combine or fused"):
+        _ext.set_sm90_merge("fast")
+    assert _ext.set_sm90_merge("env") == "combine"
+    assert _ext.set_sm90_merge("env") == "env"

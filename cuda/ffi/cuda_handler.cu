@@ -82,6 +82,7 @@ std::atomic<long long> g_decode_captured{0};
 // that it ran rather than the wide shape.
 std::atomic<long long> g_sm90_narrow_launches{0};
 std::atomic<long long> g_sm90_fused_merge_launches{0};
+std::atomic<int> g_sm90_merge_override{-1};  // set_sm90_merge_override: -1 = JAX_MLA_SM90_MERGE
 std::atomic<long long> g_sm90_transposed_launches{0};
 
 // Whether the SM90 kernel uses row-block clusters by default (measured slower: docs/performance.md v5).
@@ -325,7 +326,9 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   p.partial_lse = reinterpret_cast<float*>(ws + layout.partial_lse_offset);
   p.partial_out = reinterpret_cast<float*>(ws + layout.partial_out_offset);
   p.merge_counters = reinterpret_cast<int*>(ws + layout.merge_counters_offset);
-  p.fused_merge = process_env().sm90_fused_merge;  // the launcher keeps it only where it fits
+  const int merge_override = g_sm90_merge_override.load(std::memory_order_relaxed);
+  // The launcher keeps it only where it fits.
+  p.fused_merge = merge_override >= 0 ? merge_override == 1 : process_env().sm90_fused_merge;
   const LaunchStatus st =
       launch_decode_kernel(sel.kernel, p, reinterpret_cast<int32_t*>(ws + layout.schedule_offset), stream);
   if (!st.ok()) {
@@ -387,6 +390,8 @@ TraceDump sm90_trace_read(bool reset) {
 #endif
   return d;
 }
+
+int set_sm90_merge_override(int mode) { return g_sm90_merge_override.exchange(mode < 0 ? -1 : (mode ? 1 : 0)); }
 
 CudaCallStats cuda_call_stats() {
   CudaCallStats st{g_decode_calls.load(std::memory_order_relaxed), g_decode_captured.load(std::memory_order_relaxed),

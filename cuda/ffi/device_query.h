@@ -25,6 +25,12 @@ struct CudaCallStats {
 };
 CudaCallStats cuda_call_stats();
 
+// The SM90 split-merge mode of later decode calls in this process, overriding JAX_MLA_SM90_MERGE:
+// -1 back to the variable, 0 combine kernel, 1 fused (cuda/sm90/split_merge.cuh). For benchmarks
+// that compare both in one process (benchmarks/bench_decode.py --merge). Returns the previous
+// override. A CUDA graph keeps the mode it was captured with.
+int set_sm90_merge_override(int mode);
+
 // The SM90 kernel's event log of device 0 (debug builds with CMake JAX_MLA_SM90_TRACE; see
 // cuda/sm90/trace.cuh): (ctas, roles, slots) uint64 words, copied after a device synchronisation,
 // and zeroed afterwards when `reset`. built is false (and words empty) in normal builds.

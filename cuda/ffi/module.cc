@@ -72,6 +72,25 @@ int cuda_sm_count() {
 #endif
 }
 
+// "env" (JAX_MLA_SM90_MERGE decides), "combine" or "fused": the SM90 split merge of later decode
+// calls in this process; returns the previous setting. No effect without CUDA.
+std::string set_sm90_merge(const std::string& mode) {
+  static const char* names[] = {"env", "combine", "fused"};
+  int m = -2;
+  for (int i = 0; i < 3; ++i) {
+    if (mode == names[i]) m = i - 1;
+  }
+  if (m == -2) throw nb::value_error(("set_sm90_merge: mode must be env, combine or fused, not '" + mode + "'").c_str());
+#ifdef JAX_MLA_WITH_CUDA
+  return names[jax_mla::set_sm90_merge_override(m) + 1];
+#else
+  static int current = -1;
+  const int prev = current;
+  current = m;
+  return names[prev + 1];
+#endif
+}
+
 nb::dict cuda_call_stats() {
   nb::dict d;
 #ifdef JAX_MLA_WITH_CUDA
@@ -214,6 +233,10 @@ NB_MODULE(_ext, m) {
         "{platform: {target: capsule or {stage: capsule}}} for jax.ffi.register_ffi_target.");
   m.def("has_cuda", &has_cuda, "True when the module was built with the CUDA kernels.");
   m.def("cuda_sm_count", &cuda_sm_count, "SM count of CUDA device 0; 0 without a device, a driver or CUDA support.");
+  m.def("set_sm90_merge", &set_sm90_merge, nb::arg("mode"),
+        "The SM90 split merge of later decode calls in this process: 'env' (JAX_MLA_SM90_MERGE decides), "
+        "'combine' or 'fused'; returns the previous setting. For benchmarks comparing both in one process; "
+        "a captured CUDA graph keeps the mode it was captured with.");
   m.def("cuda_call_stats", &cuda_call_stats,
         "{'decode_calls', 'decode_captured'}: runs of the CUDA decode handler in this process, and how many "
         "of them traced into a CUDA graph (XLA command buffers); graph replays do not run the handler.");
