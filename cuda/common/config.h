@@ -28,6 +28,8 @@ inline constexpr int kHeadDimRope = kHeadDimQK - kHeadDimV;
 inline constexpr int kBlockN = 64;
 // Query rows (s_q * h_q folded) handled by one CTA / one CPU task.
 inline constexpr int kBlockM = 64;
+// Row blocks of kBlockM rows covering a request's `rows` query rows.
+MLA_HOST_DEVICE int num_row_blocks(int rows) { return (rows + kBlockM - 1) / kBlockM; }
 
 // Boxes of 64 columns per TMA copy when a KV tile is loaded as grouped copies (SM90's wide shape
 // with DecodeParams::sm90_grouped_copies; cuda/common/kv_producer.cuh).

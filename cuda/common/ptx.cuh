@@ -213,8 +213,6 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   return t;
 }
 
-__device__ __forceinline__ void nanosleep(uint32_t ns) { asm volatile("nanosleep.u32 %0;" ::"r"(ns)); }
-
 // ---- programmatic dependent launch ------------------------------------------------------------
 
 // Waits until the preceding grid (launched before this one on the stream) has completed and its

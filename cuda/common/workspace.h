@@ -20,6 +20,11 @@ struct WorkspaceLayout {
   int64_t total_bytes;
 };
 
+// The SM90 split merge's arrival counters: one int32 per (request, row block).
+MLA_HOST_DEVICE int64_t merge_counters_bytes(int64_t batch, int64_t rows) {
+  return batch * num_row_blocks(static_cast<int>(rows)) * 4;  // rows <= kMaxSeqQ * kMaxHeadsQ
+}
+
 MLA_HOST_DEVICE WorkspaceLayout workspace_layout(int64_t batch, int64_t rows, int64_t num_parts) {
   WorkspaceLayout w;
   const int64_t splits = max_splits(batch, num_parts);
@@ -27,7 +32,7 @@ MLA_HOST_DEVICE WorkspaceLayout workspace_layout(int64_t batch, int64_t rows, in
   w.partial_lse_offset = align_up(schedule_size(batch, num_parts) * 4, 256);
   w.partial_out_offset = w.partial_lse_offset + align_up(splits * rows * 4, 256);
   w.merge_counters_offset = w.partial_out_offset + splits * rows * kHeadDimV * 4;
-  w.total_bytes = w.merge_counters_offset + batch * ((rows + kBlockM - 1) / kBlockM) * 4;
+  w.total_bytes = w.merge_counters_offset + merge_counters_bytes(batch, rows);
   return w;
 }
 

@@ -6,6 +6,7 @@
 
 #include "common/launch.h"
 #include "common/tensor_map.h"
+#include "common/workspace.h"
 #include "portable/launch.h"
 #include "sm90/launch.h"
 // The SM100 kernel is written separately (cuda/sm100). Its interface is assumed to match sm90's:
@@ -94,8 +95,7 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedu
   p.fused_merge = false;
 #endif
   if (p.fused_merge) {
-    const size_t bytes = static_cast<size_t>(p.batch) * ((p.rows + kBlockM - 1) / kBlockM) * sizeof(int);
-    if ((st.error = cudaMemsetAsync(p.merge_counters, 0, bytes, stream)) != cudaSuccess) {
+    if ((st.error = cudaMemsetAsync(p.merge_counters, 0, merge_counters_bytes(p.batch, p.rows), stream)) != cudaSuccess) {
       st.what = "merge counter reset";
       return st;
     }

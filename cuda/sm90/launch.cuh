@@ -58,13 +58,13 @@ int max_active_clusters(int cluster_row_blocks) {
 template <typename Element, typename Shape>
 cudaError_t launch_shape(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
                          const CUtensorMap& kv_group_map, cudaStream_t stream) {
-  const int m_blocks = (p.rows + kBlockM - 1) / kBlockM;
+  const int m_blocks = num_row_blocks(p.rows);
   const dim3 grid = p.row_blocks_adjacent ? dim3(m_blocks, p.num_parts) : dim3(p.num_parts, m_blocks);
   cudaLaunchAttribute attrs[2];
   cudaLaunchConfig_t cfg = pdl_launch_config(grid, dim3(kThreads), kSmemBytes<Element, Shape>, stream, &attrs[0]);
   // Row blocks of one part read the same KV tiles: as a cluster they share each tile's loads by TMA
   // multicast, halving the L2 -> SM traffic for pairs.
-  if (!p.row_blocks_adjacent && p.cluster_row_blocks > 1 && m_blocks % p.cluster_row_blocks == 0) {
+  if (launches_cluster(p)) {
     attrs[1].id = cudaLaunchAttributeClusterDimension;
     attrs[1].val.clusterDim.x = 1;
     attrs[1].val.clusterDim.y = p.cluster_row_blocks;

@@ -24,6 +24,12 @@ inline bool uses_transposed_shape(const DecodeParams& p) {
   return p.sm90_small_rows >= Sm90SmallRows::kTransposed && p.rows <= kNarrowMaxRows;
 }
 
+// Whether launch_decode runs the wide or narrow shape as clusters of p.cluster_row_blocks row blocks
+// (parts-major grid, and the row-block count a multiple of the cluster).
+inline bool launches_cluster(const DecodeParams& p) {
+  return !p.row_blocks_adjacent && p.cluster_row_blocks > 1 && num_row_blocks(p.rows) % p.cluster_row_blocks == 0;
+}
+
 // The in-kernel split merge (split_merge.cuh, p.fused_merge): the pieces of a request wait for each
 // other, so every CTA of the grid must be resident at once (one decode CTA fills an SM: at most
 // sm_count CTAs), with no cluster launch, on the wide shape only (the narrow shape spills with it;
@@ -31,11 +37,9 @@ inline bool uses_transposed_shape(const DecodeParams& p) {
 // most kFusedMergeMaxParts parts (a row's splits, one LSE per lane and register).
 inline constexpr int kFusedMergeMaxParts = 128;
 inline bool fused_merge_fits(const DecodeParams& p) {
-  const int m_blocks = (p.rows + kBlockM - 1) / kBlockM;
-  const bool cluster = !p.row_blocks_adjacent && p.cluster_row_blocks > 1 && m_blocks % p.cluster_row_blocks == 0;
   const int64_t sms = p.sm_count > 0 ? p.sm_count : 132;
-  return !uses_transposed_shape(p) && !uses_narrow_shape(p) && !cluster && p.num_parts <= kFusedMergeMaxParts &&
-         static_cast<int64_t>(m_blocks) * p.num_parts <= sms;
+  return !uses_transposed_shape(p) && !uses_narrow_shape(p) && !launches_cluster(p) &&
+         p.num_parts <= kFusedMergeMaxParts && static_cast<int64_t>(num_row_blocks(p.rows)) * p.num_parts <= sms;
 }
 
 // Rows of the Q tensor map's box that launch_decode expects: 16 for the narrow and transposed

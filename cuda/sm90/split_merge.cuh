@@ -191,7 +191,7 @@ __device__ __forceinline__ void write_empty_requests(const DecodeParams& p, int 
 
 // The (request, row block) arrival counter: (b, ceil(rows / 64)) int32.
 __device__ __forceinline__ int* merge_counter(const DecodeParams& p, int request, int m_block) {
-  return p.merge_counters + static_cast<int64_t>(request) * ((p.rows + kBlockM - 1) / kBlockM) + m_block;
+  return p.merge_counters + static_cast<int64_t>(request) * num_row_blocks(p.rows) + m_block;
 }
 
 // Both consumers, after the CTA's last piece: for each split piece of the part (only its first and
