@@ -95,16 +95,7 @@ def build_inputs(cfg: Config, rng, jnp, np, num_sets: int, calls: int, l2_reside
 
 def time_step(fn, args, repeats: int, calls: int) -> float:
     """Median microseconds per call."""
-    import jax
-    jax.block_until_ready(fn(*args))  # compile + warm-up
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append((time.perf_counter() - t0) / calls * 1e6)
-    times.sort()
-    return times[len(times) // 2]
+    return time_steps_interleaved([fn], args, repeats, calls)[0]
 
 
 def time_steps_interleaved(fns, args, repeats: int, calls: int, before_each=None) -> list[float]:
