@@ -36,9 +36,10 @@ sys.path.insert(0, HERE)
 EVENTS = {1: "piece_begin", 2: "S_issued", 3: "S_done", 4: "softmax_done", 5: "PV_own_issued", 6: "P_ready",
           7: "PV_other_issued", 8: "PV_done", 9: "released", 10: "piece_end", 11: "last_box_ready",
           16: "acquired", 17: "load_issued", 18: "cta_entry", 19: "dep_ready", 20: "exit",
-          21: "producer_start", 22: "Q_slot_free"}
+          21: "producer_start", 22: "Q_slot_free", 23: "arrived", 24: "merge_wait_done", 25: "merge_done"}
 LOAD_ISSUED, LAST_BOX_READY = 17, 11
 CTA_ENTRY, DEP_READY, EXIT = 18, 19, 20
+ARRIVED, MERGE_WAIT_DONE = 23, 24  # fused split merge (JAX_MLA_SM90_MERGE=fused), global-timer stamped
 NS_FLAG = 0x80  # event ids stamped with %globaltimer (ns, 56 bits) instead of clock64
 NS_WRAP = 1 << 56
 ROLES = ("producer", "consumer0", "consumer1", "cta")
@@ -128,6 +129,36 @@ def timeline_lines(rows):
         lines.append(f"# SM clock from clock64 / global timer: median {med(ghz):.3f} GHz "
                      f"(min {min(ghz):.3f}, max {max(ghz):.3f})")
     return lines
+
+
+def merge_lines(ns):
+    """The fused merge's waits, from the global timer: per CTA (consumer 0), when its split pieces
+    arrived and when its waits for the other pieces returned, relative to the first CTA entry. A
+    wait returning long after the last arrival of every CTA would be the protocol's fault; one
+    returning at the last arrival of some CTA is that CTA's lateness."""
+    entries = [t for (cta, role), ev in ns.items() if role == ROLE_CTA for t, e in ev if e == CTA_ENTRY]
+    if not entries:
+        return []
+    ref = entries[0]
+    t0 = min(entries, key=lambda t: (t - ref + NS_WRAP // 2) % NS_WRAP - NS_WRAP // 2)
+    arrived, waited, last_arrival = [], [], {}
+    for (cta, role), ev in ns.items():
+        if role != 1:
+            continue
+        for t, e in ev:
+            if e == ARRIVED:
+                arrived.append(ns_diff(t, t0))
+                last_arrival[cta] = max(last_arrival.get(cta, 0), ns_diff(t, t0))
+            elif e == MERGE_WAIT_DONE:
+                waited.append(ns_diff(t, t0))
+    if not arrived and not waited:
+        return []
+    q = lambda v, f: sorted(v)[min(len(v) - 1, int(f * len(v)))] / 1e3 if v else float("nan")
+    late = sorted(last_arrival.items(), key=lambda kv: -kv[1])[:4]
+    return [f"# fused merge: {len(arrived)} arrivals at 10/50/90/max {q(arrived, .1):.1f} / {q(arrived, .5):.1f} / "
+            f"{q(arrived, .9):.1f} / {q(arrived, 1):.1f} us; {len(waited)} waits returned at "
+            f"{q(waited, .1):.1f} / {q(waited, .5):.1f} / {q(waited, .9):.1f} / {q(waited, 1):.1f} us",
+            "# latest last arrivals (CTA: us): " + ", ".join(f"{c}: {t / 1e3:.1f}" for c, t in late)]
 
 
 def transitions(log):
@@ -238,6 +269,8 @@ def main() -> int:
     for line in summary_lines(transitions(log)):
         print(line)
     for line in timeline_lines(timeline(log, ns)):
+        print(line)
+    for line in merge_lines(ns):
         print(line)
     spans = [ev[-1][0] - ev[0][0] for (cta, role), ev in log.items() if role in (1, 2) and len(ev) > 1]
     if spans:

@@ -476,6 +476,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, 
       }
       if (!Shape::kNarrow && p.fused_merge) {  // split_merge.cuh: arrive now, merge our share after the last piece
         arrive_piece(merge_counter(p, r, m_block), merge_thread);
+        tr.mark_both(kTrArrived);
       }
     }
     tr.mark(kTrPieceEnd);
@@ -483,7 +484,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, 
   }
   // After the last wgmma of the CTA: waiting and merging inside the piece loop would stall the next
   // piece, and ptxas serialises every wgmma of the kernel when global loads sit between them (C7520).
-  if (!Shape::kNarrow && p.fused_merge) merge_split_pieces<Element>(p, part_info, split_offsets, m_block, rows_valid, merge_thread);
+  if (!Shape::kNarrow && p.fused_merge) merge_split_pieces<Element>(p, part_info, split_offsets, m_block, rows_valid, merge_thread, tr);
   tr.finish();
 }
 

@@ -22,6 +22,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/config.h"
 #include "../common/params.h"
@@ -31,12 +32,11 @@
 #include "config.h"
 #include "launch.h"
 #include "softmax.cuh"
+#include "trace.cuh"
 
 namespace jax_mla::sm90 {
 
 inline constexpr int kMergeWarps = kConsumerThreads / 32;          // 8: both consumers
-inline constexpr int kMergeColsPerWarp = kHeadDimV / kMergeWarps;  // 64: a float2 per lane
-static_assert(kMergeColsPerWarp == 64, "a warp's 64 columns are one float2 per lane");
 // Splits a row may have (num_splits <= num_parts): lane l holds the LSEs of splits l + 32 k.
 inline constexpr int kMergeLseRegs = 4;
 static_assert(32 * kMergeLseRegs == kFusedMergeMaxParts, "launch.h's part limit is what the merge can hold");
@@ -62,91 +62,121 @@ __device__ __forceinline__ void wait_pieces(const int* counter, int n, int threa
 }
 
 // Merges rows [row_begin, row_end) (rows of the request) over its n pieces at workspace slots
-// first_slot .. first_slot + n - 1, G rows at a time with U splits' loads in flight per row: every
-// load of a round is issued before the first is used. Warp w owns columns [64 w, 64 w + 64).
-template <typename Element, int G, int U>
+// first_slot .. first_slot + n - 1. The 8 warps take kMergeWarps / kWarpsPerRow rows at a time, each
+// row by kWarpsPerRow warps sharing its 512 columns; a lane holds kColsPerLane of them as vectors
+// of kVec floats, vector j of lane l at column part * kColsPerWarp + (32 j + l) kVec (coalesced).
+// The row's weights (combine.h's math) are computed by its own warps only, so few warps per row
+// means little repeated work: with one warp per row a row costs about (loads + 16 FMA) per split
+// and lane, against 8x the LSE loads, reductions and exps when all warps shared every row (the
+// first version: 4.7 M of the kernel's 9.8 M warp instructions at b16/1K on an H100, ncu,
+// 2026-12-06). U splits' loads per row are in flight together: every load of a round is issued
+// before the first is used.
+template <typename Element, int kWarpsPerRow, int U>
 __device__ __forceinline__ void merge_rows(const DecodeParams& p, int request, int row_begin, int row_end,
                                            int first_slot, int n, int thread) {
-  const int lane = thread % 32, warp = thread / 32;
+  constexpr int kRowsAtOnce = kMergeWarps / kWarpsPerRow;
+  constexpr int kColsPerWarp = kHeadDimV / kWarpsPerRow;
+  constexpr int kColsPerLane = kColsPerWarp / 32;
+  constexpr int kVec = kColsPerLane < 4 ? kColsPerLane : 4;
+  constexpr int kVecs = kColsPerLane / kVec;
+  static_assert(kMergeWarps % kWarpsPerRow == 0 && (kVec == 2 || kVec == 4) && kVecs * kVec == kColsPerLane,
+                "a lane's columns are whole float2 / float4 vectors");
+  using Vec = std::conditional_t<kVec == 4, float4, float2>;
+  const int lane = thread % 32;
+  const int warp = __shfl_sync(0xffffffff, thread / 32, 0);  // warp-uniform for ptxas (see merge_piece_rows)
+  const int row_lane = warp / kWarpsPerRow, part = warp % kWarpsPerRow;
   const int64_t rows = p.rows;
-  const int col = warp * kMergeColsPerWarp + lane * 2;
   const int64_t split_stride = rows * kHeadDimV;
-  for (int r0 = row_begin; r0 < row_end; r0 += G) {
-    float l[G][kMergeLseRegs];  // (row of the group, k): LSE of split lane + 32 k
-    float2 v[G][U];             // (row of the group, split of the round)
+  const int col0 = part * kColsPerWarp + lane * kVec;
+  for (int row = row_begin + row_lane; row < row_end; row += kRowsAtOnce) {
+    const float* lse_col = p.partial_lse + static_cast<int64_t>(first_slot) * rows + row;
+    const float* src = p.partial_out + (static_cast<int64_t>(first_slot) * rows + row) * kHeadDimV + col0;
+    float l[kMergeLseRegs];  // (k): LSE of split lane + 32 k
+    Vec v[U][kVecs];         // (split of the round, vector)
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const int row = min(r0 + g, row_end - 1);  // a short last group repeats its last row (not stored)
-      const float* lse_col = p.partial_lse + static_cast<int64_t>(first_slot) * rows + row;
-      const float* src = p.partial_out + (static_cast<int64_t>(first_slot) * rows + row) * kHeadDimV + col;
+    for (int k = 0; k < kMergeLseRegs; ++k) {
+      const int s = lane + 32 * k;
+      l[k] = s < n ? __ldcg(lse_col + s * rows) : -INFINITY;
+    }
 #pragma unroll
-      for (int k = 0; k < kMergeLseRegs; ++k) {
-        const int s = lane + 32 * k;
-        l[g][k] = s < n ? __ldcg(lse_col + s * rows) : -INFINITY;
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int j = 0; j < kVecs; ++j) {
+        v[u][j] = u < n ? __ldcg(reinterpret_cast<const Vec*>(src + u * split_stride + 32 * j * kVec)) : Vec{};
+      }
+    }
+    // combine.h's weights: m = max LSE (NaN tracked apart: fmaxf drops it), w_s = exp(lse_s - m) / sum.
+    float m = -INFINITY;
+    bool bad = false;
+#pragma unroll
+    for (int k = 0; k < kMergeLseRegs; ++k) {
+      bad |= isnan(l[k]);
+      m = fmaxf(m, l[k]);
+    }
+    m = warp_max(m);
+    bad = __any_sync(0xffffffff, bad);
+    float w[kMergeLseRegs];
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < kMergeLseRegs; ++k) {
+      w[k] = m == -INFINITY ? 0.f : expf(l[k] - m);  // exp(-inf) == 0 for empty splits and s >= n
+      sum += w[k];
+    }
+    sum = warp_sum(sum);
+    const float inv = m == -INFINITY ? 0.f : 1.f / sum;
+    float acc[kVecs][kVec] = {};  // (vector, element)
+    for (int base = 0; base < n; base += U) {
+      if (base > 0) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+          for (int j = 0; j < kVecs; ++j) {
+            v[u][j] = base + u < n
+                          ? __ldcg(reinterpret_cast<const Vec*>(src + (base + u) * split_stride + 32 * j * kVec))
+                          : Vec{};
+          }
+        }
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        v[g][u] = u < n ? __ldcg(reinterpret_cast<const float2*>(src + u * split_stride)) : make_float2(0.f, 0.f);
-      }
-    }
+        const int s = base + u;
+        if (s < n) {  // split s's weight sits in lane s % 32, register s / 32 (kMergeLseRegs of them)
+          const int k = s >> 5;
+          const float wk = k == 0 ? w[0] : k == 1 ? w[1] : k == 2 ? w[2] : w[3];
+          const float ws = __shfl_sync(0xffffffff, wk, s & 31) * inv;
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const int row = min(r0 + g, row_end - 1);
-      const float* src = p.partial_out + (static_cast<int64_t>(first_slot) * rows + row) * kHeadDimV + col;
-      // combine.h's weights: m = max LSE (NaN tracked apart: fmaxf drops it), w_s = exp(lse_s - m) / sum.
-      float m = -INFINITY;
-      bool bad = false;
+          for (int j = 0; j < kVecs; ++j) {
+            const float* x = reinterpret_cast<const float*>(&v[u][j]);
 #pragma unroll
-      for (int k = 0; k < kMergeLseRegs; ++k) {
-        bad |= isnan(l[g][k]);
-        m = fmaxf(m, l[g][k]);
-      }
-      m = warp_max(m);
-      bad = __any_sync(0xffffffff, bad);
-      float w[kMergeLseRegs];
-      float sum = 0.f;
-#pragma unroll
-      for (int k = 0; k < kMergeLseRegs; ++k) {
-        w[k] = m == -INFINITY ? 0.f : expf(l[g][k] - m);  // exp(-inf) == 0 for empty splits and s >= n
-        sum += w[k];
-      }
-      sum = warp_sum(sum);
-      const float inv = m == -INFINITY ? 0.f : 1.f / sum;
-      float2 acc = make_float2(0.f, 0.f);
-      for (int base = 0; base < n; base += U) {
-        if (base > 0) {
-#pragma unroll
-          for (int u = 0; u < U; ++u) {
-            v[g][u] = base + u < n ? __ldcg(reinterpret_cast<const float2*>(src + (base + u) * split_stride))
-                                   : make_float2(0.f, 0.f);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int s = base + u;
-          if (s < n) {  // split s's weight sits in lane s % 32, register s / 32 (kMergeLseRegs of them)
-            const int k = s >> 5;
-            const float wk = k == 0 ? w[0] : k == 1 ? w[1] : k == 2 ? w[2] : w[3];
-            const float ws = __shfl_sync(0xffffffff, wk, s & 31) * inv;
-            acc.x = fmaf(ws, v[g][u].x, acc.x);
-            acc.y = fmaf(ws, v[g][u].y, acc.y);
+            for (int e = 0; e < kVec; ++e) acc[j][e] = fmaf(ws, x[e], acc[j][e]);
           }
         }
       }
-      static_assert(kMergeLseRegs == 4, "the weight select above names four registers");
-      if (r0 + g < row_end) {
-        const int64_t out_row = static_cast<int64_t>(request) * rows + row;
-        const float x = bad ? NAN : acc.x, y = bad ? NAN : acc.y;
-        *reinterpret_cast<uint32_t*>(static_cast<Element*>(p.out) + out_row * kHeadDimV + col) = pack2<Element>(x, y);
-        if (thread == 0) p.lse[out_row] = bad ? NAN : (m == -INFINITY ? -INFINITY : m + logf(sum));
+    }
+    static_assert(kMergeLseRegs == 4, "the weight select above names four registers");
+    const int64_t out_row = static_cast<int64_t>(request) * rows + row;
+    Element* dst = static_cast<Element*>(p.out) + out_row * kHeadDimV + col0;
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      uint32_t packed[kVec / 2];
+#pragma unroll
+      for (int e = 0; e < kVec / 2; ++e) {
+        packed[e] = pack2<Element>(bad ? NAN : acc[j][2 * e], bad ? NAN : acc[j][2 * e + 1]);
+      }
+      if constexpr (kVec == 4) {
+        *reinterpret_cast<uint2*>(dst + 32 * j * kVec) = make_uint2(packed[0], packed[1]);
+      } else {
+        *reinterpret_cast<uint32_t*>(dst + 32 * j * kVec) = packed[0];
       }
     }
+    if (part == 0 && lane == 0) p.lse[out_row] = bad ? NAN : (m == -INFINITY ? -INFINITY : m + logf(sum));
   }
 }
 
 // Piece `piece` (0 .. n - 1) of a (request, row block) with rows_valid rows, after every piece has
-// arrived: merge its share of the rows. Few pieces (b16/1K: 4): several rows per piece, 4 rows x 8
-// splits in flight; many (b1/32K: 66): a row or two per piece, 32 splits of one row in flight.
+// arrived: merge its share of the rows, R = ceil(rows_valid / n) of them. Many rows per piece
+// (b16/1K: ~13 of 64 over 5 pieces): one warp per row, 8 rows at a time, 4 splits' loads in flight;
+// a few: two warps per row; one row (b1/32K: 66 pieces): all 8 warps on it, 32 splits in flight.
 template <typename Element>
 __device__ __forceinline__ void merge_piece_rows(const DecodeParams& p, int request, int m_block, int rows_valid,
                                                  int first_slot, int n, int piece, int thread) {
@@ -160,10 +190,12 @@ __device__ __forceinline__ void merge_piece_rows(const DecodeParams& p, int requ
   const int begin = m_block * kBlockM + min(rows_valid, piece * per);
   const int end = m_block * kBlockM + min(rows_valid, piece * per + per);
   if (begin >= end) return;
-  if (n <= 8) {
-    merge_rows<Element, 4, 8>(p, request, begin, end, first_slot, n, thread);
+  if (per >= 6) {
+    merge_rows<Element, 1, 4>(p, request, begin, end, first_slot, n, thread);
+  } else if (per >= 2) {
+    merge_rows<Element, 2, 8>(p, request, begin, end, first_slot, n, thread);
   } else {
-    merge_rows<Element, 1, 32>(p, request, begin, end, first_slot, n, thread);
+    merge_rows<Element, 8, 32>(p, request, begin, end, first_slot, n, thread);
   }
 }
 
@@ -201,7 +233,7 @@ __device__ __forceinline__ int* merge_counter(const DecodeParams& p, int request
 template <typename Element>
 __device__ __forceinline__ void merge_split_pieces(const DecodeParams& p, const int32_t* part_info,
                                                    const int32_t* split_offsets, int m_block, int rows_valid,
-                                                   int thread) {
+                                                   int thread, Tracer& tr) {
   const int first = part_info[kPartBeginReq], last = part_info[kPartEndReq];
 #pragma unroll 1
   for (int k = 0; k < 2; ++k) {
@@ -211,7 +243,9 @@ __device__ __forceinline__ void merge_split_pieces(const DecodeParams& p, const 
     if (w.begin_block >= w.end_block || w.num_splits <= 1) continue;
     const int first_slot = split_offsets[r];
     wait_pieces(merge_counter(p, r, m_block), w.num_splits, thread);
+    tr.mark_both(kTrMergeWaitDone);
     merge_piece_rows<Element>(p, r, m_block, rows_valid, first_slot, w.num_splits, w.slot - first_slot, thread);
+    tr.mark(kTrMergeDone);
   }
 }
 

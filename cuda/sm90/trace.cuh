@@ -37,6 +37,9 @@ enum TraceEvent : uint32_t {
   kTrExit = 20,        // every role: its last event
   kTrProducerStart = 21,  // producer: its role began (after the dependency wait and setmaxnreg)
   kTrQSlotFree = 22,   // producer: a piece's schedule entry, length and split offsets read, Q's buffer free
+  kTrArrived = 23,     // consumer (fused merge): its split piece's arrival counted (after the release)
+  kTrMergeWaitDone = 24,  // consumer (fused merge): every piece of a split request it merges has arrived
+  kTrMergeDone = 25,   // consumer (fused merge): its share of that request's rows merged and stored
 };
 
 // Events stamped with %globaltimer (ns, low 56 bits) instead of clock64 carry this flag in their id;
