@@ -1,7 +1,9 @@
-"""The SM90 decode kernel's own split merge (cuda/sm90/split_merge.cuh; JAX_MLA_SM90_MERGE=fused, off by
-default): tests/test_gpu.py's SM90 cases (the sweep, the large cases, many splits, empty and negative
-lengths, bit-identical repeats), run in a subprocess with the variable set, since the CUDA handler
-reads it once per process. test_gpu.py's last test checks that the fused path really ran."""
+"""The SM90 split merge's other path: by default the decode kernel merges split requests itself
+(cuda/sm90/split_merge.cuh) wherever its grid fits, so test_gpu.py covers that path; here
+tests/test_gpu.py's SM90 cases (the sweep, the large cases, many splits, empty and negative lengths,
+bit-identical repeats) run again with JAX_MLA_SM90_MERGE=combine (the combine kernel merges), in a
+subprocess since the CUDA handler reads the variable once per process. test_gpu.py's last test
+checks that the requested path really ran."""
 
 from __future__ import annotations
 
@@ -16,10 +18,9 @@ pytestmark = pytest.mark.gpu
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
-def test_fused_merge_matches_reference(tmp_path):
-    # 300 s, well under a device call's 600: a merge that deadlocks traps after 10 s per call
-    # (split_merge.cuh kMergeTimeoutNs); the timeout catches anything else.
-    env = dict(os.environ, JAX_MLA_SM90_MERGE="fused", JAX_MLA_GPU_KERNELS="auto")
+def test_combine_merge_matches_reference(tmp_path):
+    # 300 s, well under a device call's 600 (the whole file took 52 s on an H100).
+    env = dict(os.environ, JAX_MLA_SM90_MERGE="combine", JAX_MLA_GPU_KERNELS="auto")
     env.pop("JAX_MLA_KERNEL", None)
     proc = subprocess.run([sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
                            os.path.join(TESTS, "test_gpu.py")], cwd=str(tmp_path), env=env, capture_output=True,

@@ -129,10 +129,14 @@ struct ProcessEnv {
   // (9 copies of one box). On an H100, group was 1.6% faster on b64/h16 in both A/B pairs, level or
   // 4% faster on b128/4K (docs/performance.md, 2026-12-05, tenth session); not measured on an H200.
   bool sm90_grouped_copies = true;
-  // JAX_MLA_SM90_MERGE: combine (default: split requests merged by the combine kernel) | fused (by
-  // the decode kernel itself when its grid fits on the GPU at once: cuda/sm90/split_merge.cuh).
-  // Experiment of the fifteenth session (docs/performance.md).
-  bool sm90_fused_merge = false;
+  // JAX_MLA_SM90_MERGE: fused (default: split requests merged by the decode kernel itself when its
+  // grid fits on the GPU at once, cuda/sm90/split_merge.cuh) | combine (always by the combine
+  // kernel). On an H100 (2026-12-06, sixteenth session, one process) fused was faster on b16/1K,
+  // b128/4K and varied by 2-5% and level on b1/32K (docs/performance.md). combine is the escape
+  // hatch where the grid's CTAs may not all be resident at once although the SM count says so
+  // (an MPS client limited to fewer SMs, another kernel holding SMs for seconds): the merge's
+  // wait traps after 10 s instead of hanging.
+  bool sm90_fused_merge = true;
 };
 
 const ProcessEnv& process_env() {

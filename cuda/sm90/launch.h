@@ -34,8 +34,9 @@ inline bool launches_cluster(const DecodeParams& p) {
 // other, so every CTA of the grid must be resident at once (one decode CTA fills an SM: at most
 // sm_count CTAs), with no cluster launch, on the wide shape only (the narrow shape spills with it;
 // the transposed kernel has its own epilogue), and at
-// most kFusedMergeMaxParts parts (a row's splits, one LSE per lane and register).
-inline constexpr int kFusedMergeMaxParts = 128;
+// most kFusedMergeMaxParts parts (a row's splits, one LSE per lane and register: 160 covers the
+// 132 parts of one row block per SM on an H100 / H200).
+inline constexpr int kFusedMergeMaxParts = 160;
 inline bool fused_merge_fits(const DecodeParams& p) {
   const int64_t sms = p.sm_count > 0 ? p.sm_count : 132;
   return !uses_transposed_shape(p) && !uses_narrow_shape(p) && !launches_cluster(p) &&

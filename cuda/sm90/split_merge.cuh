@@ -38,7 +38,7 @@ namespace jax_mla::sm90 {
 
 inline constexpr int kMergeWarps = kConsumerThreads / 32;          // 8: both consumers
 // Splits a row may have (num_splits <= num_parts): lane l holds the LSEs of splits l + 32 k.
-inline constexpr int kMergeLseRegs = 4;
+inline constexpr int kMergeLseRegs = 5;
 static_assert(32 * kMergeLseRegs == kFusedMergeMaxParts, "launch.h's part limit is what the merge can hold");
 // A wait longer than this is a bug (or CTAs that cannot all be resident): trap, do not hang.
 inline constexpr uint64_t kMergeTimeoutNs = 10ull * 1000 * 1000 * 1000;
@@ -142,7 +142,9 @@ __device__ __forceinline__ void merge_rows(const DecodeParams& p, int request, i
         const int s = base + u;
         if (s < n) {  // split s's weight sits in lane s % 32, register s / 32 (kMergeLseRegs of them)
           const int k = s >> 5;
-          const float wk = k == 0 ? w[0] : k == 1 ? w[1] : k == 2 ? w[2] : w[3];
+          float wk = w[0];
+#pragma unroll
+          for (int kk = 1; kk < kMergeLseRegs; ++kk) wk = k == kk ? w[kk] : wk;  // a select, no local array
           const float ws = __shfl_sync(0xffffffff, wk, s & 31) * inv;
 #pragma unroll
           for (int j = 0; j < kVecs; ++j) {
@@ -153,7 +155,6 @@ __device__ __forceinline__ void merge_rows(const DecodeParams& p, int request, i
         }
       }
     }
-    static_assert(kMergeLseRegs == 4, "the weight select above names four registers");
     const int64_t out_row = static_cast<int64_t>(request) * rows + row;
     Element* dst = static_cast<Element*>(p.out) + out_row * kHeadDimV + col0;
 #pragma unroll
