@@ -192,8 +192,8 @@ def main() -> int:
     if any(n < 0 for n in part_counts):
         ap.error("--num-parts takes counts >= 0 (0 = the default policy)")
     merge_modes = args.merge.split(",")
-    if any(m not in ("env", "combine", "fused") for m in merge_modes):
-        ap.error("--merge takes env, combine and fused")
+    if any(m not in ("env", "combine", "fused", "auto") for m in merge_modes):
+        ap.error("--merge takes env, combine, fused and auto")
     variants = [(n, m) for n in part_counts for m in merge_modes]
     rng = np.random.default_rng(1234)
     rows = []

@@ -231,7 +231,8 @@ def test_set_sm90_merge_round_trip():
     setting, refuses unknown names, and is back at "env" afterwards."""
     assert _ext.set_sm90_merge("fused") == "env"
     assert _ext.set_sm90_merge("combine") == "fused"
-    with pytest.raises(ValueError, match="env, combine or fused"):
+    assert _ext.set_sm90_merge("auto") == "combine"
+    with pytest.raises(ValueError, match="env, combine, fused or auto"):
         _ext.set_sm90_merge("fast")
-    assert _ext.set_sm90_merge("env") == "combine"
+    assert _ext.set_sm90_merge("env") == "auto"
     assert _ext.set_sm90_merge("env") == "env"

@@ -349,10 +349,11 @@ def test_negative_length_gives_nan_for_that_request_only():
 @pytest.mark.parametrize("h_q", [64, 128])
 def test_requested_sm90_merge_ran(h_q):
     """The SM90 split merge that was asked for ran, on a call with split requests (one row block at
-    h_q 64, two at 128). By default (or JAX_MLA_SM90_MERGE=fused) the decode kernel merged them
-    itself (cuda/sm90/split_merge.cuh); with JAX_MLA_SM90_MERGE=combine (tests/test_gpu_merge.py
-    runs this file so) the combine kernel did. A misspelt or unread variable, or a launcher that
-    never finds the grid fitting, fails here instead of passing on the other path."""
+    h_q 64, two at 128). JAX_MLA_SM90_MERGE=fused: the decode kernel merged them itself
+    (cuda/sm90/split_merge.cuh); combine (tests/test_gpu_merge.py runs this file so): the combine
+    kernel did; auto (the default): fused at two row blocks, combine at one. A misspelt or unread
+    variable, or a launcher that never finds the grid fitting, fails here instead of passing on the
+    other path."""
     info = jax_mla.kernel_info()
     if tuple(info.get("compute_capability") or ()) != (9, 0):
         pytest.skip("the fused merge is an SM90 kernel path")
@@ -360,7 +361,6 @@ def test_requested_sm90_merge_ran(h_q):
     before = _ext.cuda_call_stats().get("sm90_fused_merge_launches", 0)
     check(data, *run_gpu(data, kernel="sm90"))
     fused = _ext.cuda_call_stats().get("sm90_fused_merge_launches", 0) - before
-    if os.environ.get("JAX_MLA_SM90_MERGE", "fused") == "combine":
-        assert fused == 0
-    else:
-        assert fused == 1
+    mode = os.environ.get("JAX_MLA_SM90_MERGE") or "auto"
+    expected = {"combine": 0, "fused": 1, "auto": int(h_q > 64)}[mode]
+    assert fused == expected, (mode, h_q)

@@ -1,9 +1,11 @@
-"""The SM90 split merge's other path: by default the decode kernel merges split requests itself
-(cuda/sm90/split_merge.cuh) wherever its grid fits, so test_gpu.py covers that path; here
+"""The SM90 split merge's forced modes. By default (JAX_MLA_SM90_MERGE=auto) the decode kernel merges
+split requests itself (cuda/sm90/split_merge.cuh) in calls of two or more row blocks and the combine
+kernel merges them in calls of one, so test_gpu.py covers each path on part of its cases. Here
 tests/test_gpu.py's SM90 cases (the sweep, the large cases, many splits, empty and negative lengths,
-bit-identical repeats) run again with JAX_MLA_SM90_MERGE=combine (the combine kernel merges), in a
-subprocess since the CUDA handler reads the variable once per process. test_gpu.py's last test
-checks that the requested path really ran."""
+bit-identical repeats) run again with combine (always the combine kernel) and with fused (the
+decode kernel wherever its grid fits, one row block included), each in a subprocess since the CUDA
+handler reads the variable once per process. test_gpu.py's last test checks that the requested
+path really ran."""
 
 from __future__ import annotations
 
@@ -18,9 +20,11 @@ pytestmark = pytest.mark.gpu
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
-def test_combine_merge_matches_reference(tmp_path):
-    # 300 s, well under a device call's 600 (the whole file took 52 s on an H100).
-    env = dict(os.environ, JAX_MLA_SM90_MERGE="combine", JAX_MLA_GPU_KERNELS="auto")
+@pytest.mark.parametrize("mode", ["combine", "fused"])
+def test_forced_merge_matches_reference(tmp_path, mode):
+    # 300 s, well under a device call's 600 (the whole file took 52 s on an H100). A fused merge
+    # that deadlocks traps after 10 s per call (split_merge.cuh kMergeTimeoutNs).
+    env = dict(os.environ, JAX_MLA_SM90_MERGE=mode, JAX_MLA_GPU_KERNELS="auto")
     env.pop("JAX_MLA_KERNEL", None)
     proc = subprocess.run([sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
                            os.path.join(TESTS, "test_gpu.py")], cwd=str(tmp_path), env=env, capture_output=True,

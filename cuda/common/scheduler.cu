@@ -117,7 +117,8 @@ __device__ int2 reduce_cost_range(int2 local, int2* warp_ranges) {
 
 template <class Shape>
 __global__ void __launch_bounds__(Shape::kThreads)
-    schedule_kernel(const int32_t* __restrict__ seq_lens, int batch, int num_parts, int32_t* __restrict__ schedule) {
+    schedule_kernel(const int32_t* __restrict__ seq_lens, int batch, int num_parts, int32_t* __restrict__ schedule,
+                    int32_t* __restrict__ zeroed, int num_zeroed) {
   extern __shared__ int64_t smem[];
   int64_t* C = smem;                                                   // (batch + 1) cost prefix
   int32_t* split_offsets = reinterpret_cast<int32_t*>(C + batch + 1);  // (batch + 1)
@@ -136,6 +137,9 @@ __global__ void __launch_bounds__(Shape::kThreads)
   const int count = min(per, batch - lo);
 
   ptx::grid_dependency_wait();  // seq_lens come from an earlier kernel
+  // The SM90 fused merge's arrival counters (launch.h), here rather than by a memset on the stream:
+  // one operation less per call. After the wait: an earlier call's decode kernel may still use them.
+  for (int i = threadIdx.x; i < num_zeroed; i += Shape::kThreads) zeroed[i] = 0;
 
   // With one scanning warp the other warps skip straight to the barrier below; with several, every
   // thread scans (the shapes have no idle threads then) and the scans' barriers are uniform.
@@ -217,24 +221,27 @@ __global__ void __launch_bounds__(Shape::kThreads)
 }
 
 template <class Shape>
-cudaError_t launch_shape(const int32_t* seq_lens, int batch, int num_parts, int32_t* schedule, cudaStream_t stream) {
+cudaError_t launch_shape(const int32_t* seq_lens, int batch, int num_parts, int32_t* schedule, int32_t* zeroed,
+                         int num_zeroed, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(1);
   cfg.blockDim = dim3(Shape::kThreads);
   cfg.dynamicSmemBytes = scheduler_smem_bytes(batch);
   cfg.stream = stream;
-  return cudaLaunchKernelEx(&cfg, schedule_kernel<Shape>, seq_lens, batch, num_parts, schedule);
+  return cudaLaunchKernelEx(&cfg, schedule_kernel<Shape>, seq_lens, batch, num_parts, schedule, zeroed, num_zeroed);
 }
 
 }  // namespace
 
 cudaError_t launch_schedule(const int32_t* seq_lens, int batch, int num_parts, int32_t* schedule,
-                            cudaStream_t stream) {
-  if (batch <= SmallSchedule::kMaxBatch) return launch_shape<SmallSchedule>(seq_lens, batch, num_parts, schedule, stream);
-  if (batch <= MediumSchedule::kMaxBatch) {
-    return launch_shape<MediumSchedule>(seq_lens, batch, num_parts, schedule, stream);
+                            cudaStream_t stream, int32_t* zeroed, int num_zeroed) {
+  if (batch <= SmallSchedule::kMaxBatch) {
+    return launch_shape<SmallSchedule>(seq_lens, batch, num_parts, schedule, zeroed, num_zeroed, stream);
   }
-  return launch_shape<LargeSchedule>(seq_lens, batch, num_parts, schedule, stream);
+  if (batch <= MediumSchedule::kMaxBatch) {
+    return launch_shape<MediumSchedule>(seq_lens, batch, num_parts, schedule, zeroed, num_zeroed, stream);
+  }
+  return launch_shape<LargeSchedule>(seq_lens, batch, num_parts, schedule, zeroed, num_zeroed, stream);
 }
 
 cudaError_t setup_schedule_kernel() {

@@ -82,7 +82,9 @@ std::atomic<long long> g_decode_captured{0};
 // that it ran rather than the wide shape.
 std::atomic<long long> g_sm90_narrow_launches{0};
 std::atomic<long long> g_sm90_fused_merge_launches{0};
-std::atomic<int> g_sm90_merge_override{-1};  // set_sm90_merge_override: -1 = JAX_MLA_SM90_MERGE
+// JAX_MLA_SM90_MERGE's values, in env_choice order.
+constexpr int kSm90MergeCombine = 0, kSm90MergeFused = 1, kSm90MergeAuto = 2;
+std::atomic<int> g_sm90_merge_override{-1};  // set_sm90_merge_override: -1 = JAX_MLA_SM90_MERGE, else a mode
 std::atomic<long long> g_sm90_transposed_launches{0};
 
 // Whether the SM90 kernel uses row-block clusters by default (measured slower: docs/performance.md v5).
@@ -129,14 +131,16 @@ struct ProcessEnv {
   // (9 copies of one box). On an H100, group was 1.6% faster on b64/h16 in both A/B pairs, level or
   // 4% faster on b128/4K (docs/performance.md, 2026-12-05, tenth session); not measured on an H200.
   bool sm90_grouped_copies = true;
-  // JAX_MLA_SM90_MERGE: fused (default: split requests merged by the decode kernel itself when its
-  // grid fits on the GPU at once, cuda/sm90/split_merge.cuh) | combine (always by the combine
-  // kernel). On an H100 (2026-12-06, sixteenth session, one process) fused was faster on b16/1K,
-  // b128/4K and varied by 2-5% and level on b1/32K (docs/performance.md). combine is the escape
-  // hatch where the grid's CTAs may not all be resident at once although the SM count says so
-  // (an MPS client limited to fewer SMs, another kernel holding SMs for seconds): the merge's
-  // wait traps after 10 s instead of hanging.
-  bool sm90_fused_merge = true;
+  // JAX_MLA_SM90_MERGE: auto (default) | fused | combine. fused: split requests are merged by the
+  // decode kernel itself wherever its grid fits on the GPU at once (cuda/sm90/split_merge.cuh);
+  // combine: always by the combine kernel; auto: fused for calls of two or more row blocks
+  // (s_q * h_q > 64), combine for one. On an H100 (2026-12-06, sixteenth session, each pair in one
+  // process, docs/performance.md) fused was 1-5% faster on b16/1K, b128/4K, varied and b1/32K
+  // (all two row blocks) and 2-4% slower on b32/h64/4K (one row block) in all four pairs, for a
+  // reason not established. combine is also the escape hatch where the grid's CTAs may not all be
+  // resident at once although the SM count says so (an MPS client limited to fewer SMs, another
+  // kernel holding SMs for seconds): the merge's wait traps after 10 s instead of hanging.
+  int sm90_merge_mode = kSm90MergeAuto;
 };
 
 const ProcessEnv& process_env() {
@@ -161,7 +165,7 @@ const ProcessEnv& process_env() {
         env_choice("JAX_MLA_SM90_NARROW", {"0", "1", "transposed", "transposed_pipelined", "transposed_splitk"},
                    static_cast<int>(e.sm90_small_rows)));
     e.sm90_grouped_copies = env_choice("JAX_MLA_SM90_KV_COPY", {"box", "group"}, e.sm90_grouped_copies ? 1 : 0) == 1;
-    e.sm90_fused_merge = env_choice("JAX_MLA_SM90_MERGE", {"combine", "fused"}, e.sm90_fused_merge ? 1 : 0) == 1;
+    e.sm90_merge_mode = env_choice("JAX_MLA_SM90_MERGE", {"combine", "fused", "auto"}, e.sm90_merge_mode);
     return e;
   }();
   return env;
@@ -332,7 +336,8 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   p.merge_counters = reinterpret_cast<int*>(ws + layout.merge_counters_offset);
   const int merge_override = g_sm90_merge_override.load(std::memory_order_relaxed);
   // The launcher keeps it only where it fits.
-  p.fused_merge = merge_override >= 0 ? merge_override == 1 : process_env().sm90_fused_merge;
+  const int merge_mode = merge_override >= 0 ? merge_override : process_env().sm90_merge_mode;
+  p.fused_merge = merge_mode == kSm90MergeFused || (merge_mode == kSm90MergeAuto && num_row_blocks(p.rows) >= 2);
   const LaunchStatus st =
       launch_decode_kernel(sel.kernel, p, reinterpret_cast<int32_t*>(ws + layout.schedule_offset), stream);
   if (!st.ok()) {
@@ -395,7 +400,9 @@ TraceDump sm90_trace_read(bool reset) {
   return d;
 }
 
-int set_sm90_merge_override(int mode) { return g_sm90_merge_override.exchange(mode < 0 ? -1 : (mode ? 1 : 0)); }
+int set_sm90_merge_override(int mode) {
+  return g_sm90_merge_override.exchange(mode < 0 || mode > kSm90MergeAuto ? -1 : mode);
+}
 
 CudaCallStats cuda_call_stats() {
   CudaCallStats st{g_decode_calls.load(std::memory_order_relaxed), g_decode_captured.load(std::memory_order_relaxed),

@@ -94,7 +94,9 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedu
 #else
   p.fused_merge = false;
 #endif
-  if (p.fused_merge) {
+  // The merge's counters are zeroed by the scheduler kernel when it runs (an operation less per
+  // call), by a memset when the caller passed a precomputed schedule.
+  if (p.fused_merge && p.schedule != nullptr) {
     if ((st.error = cudaMemsetAsync(p.merge_counters, 0, merge_counters_bytes(p.batch, p.rows), stream)) != cudaSuccess) {
       st.what = "merge counter reset";
       return st;
@@ -102,7 +104,9 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedu
   }
   st.fused_merge = p.fused_merge;
   if (p.schedule == nullptr) {
-    if ((st.error = launch_schedule(p.seq_lens, p.batch, p.num_parts, schedule_scratch, stream)) != cudaSuccess) {
+    const int num_counters = p.fused_merge ? static_cast<int>(merge_counters_bytes(p.batch, p.rows) / sizeof(int32_t)) : 0;
+    if ((st.error = launch_schedule(p.seq_lens, p.batch, p.num_parts, schedule_scratch, stream,
+                                    p.fused_merge ? p.merge_counters : nullptr, num_counters)) != cudaSuccess) {
       st.what = "scheduler launch";
       return st;
     }

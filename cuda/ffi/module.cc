@@ -72,15 +72,17 @@ int cuda_sm_count() {
 #endif
 }
 
-// "env" (JAX_MLA_SM90_MERGE decides), "combine" or "fused": the SM90 split merge of later decode
-// calls in this process; returns the previous setting. No effect without CUDA.
+// "env" (JAX_MLA_SM90_MERGE decides), "combine", "fused" or "auto": the SM90 split merge of later
+// decode calls in this process; returns the previous setting. No effect without CUDA.
 std::string set_sm90_merge(const std::string& mode) {
-  static const char* names[] = {"env", "combine", "fused"};
+  static const char* names[] = {"env", "combine", "fused", "auto"};
   int m = -2;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     if (mode == names[i]) m = i - 1;
   }
-  if (m == -2) throw nb::value_error(("set_sm90_merge: mode must be env, combine or fused, not '" + mode + "'").c_str());
+  if (m == -2) {
+    throw nb::value_error(("set_sm90_merge: mode must be env, combine, fused or auto, not '" + mode + "'").c_str());
+  }
 #ifdef JAX_MLA_WITH_CUDA
   return names[jax_mla::set_sm90_merge_override(m) + 1];
 #else
@@ -235,7 +237,7 @@ NB_MODULE(_ext, m) {
   m.def("cuda_sm_count", &cuda_sm_count, "SM count of CUDA device 0; 0 without a device, a driver or CUDA support.");
   m.def("set_sm90_merge", &set_sm90_merge, nb::arg("mode"),
         "The SM90 split merge of later decode calls in this process: 'env' (JAX_MLA_SM90_MERGE decides), "
-        "'combine' or 'fused'; returns the previous setting. For benchmarks comparing both in one process; "
+        "'combine', 'fused' or 'auto'; returns the previous setting. For benchmarks comparing both in one process; "
         "a captured CUDA graph keeps the mode it was captured with.");
   m.def("cuda_call_stats", &cuda_call_stats,
         "{'decode_calls', 'decode_captured'}: runs of the CUDA decode handler in this process, and how many "
