@@ -135,9 +135,9 @@ struct ProcessEnv {
   // decode kernel itself wherever its grid fits on the GPU at once (cuda/sm90/split_merge.cuh);
   // combine: always by the combine kernel; auto: fused for calls of two or more row blocks
   // (s_q * h_q > 64), combine for one. On an H100 (2026-12-06, sixteenth session, each pair in one
-  // process, docs/performance.md) fused was 1-5% faster on b16/1K, b128/4K, varied and b1/32K
-  // (all two row blocks) and 2-4% slower on b32/h64/4K (one row block) in all four pairs, for a
-  // reason not established. combine is also the escape hatch where the grid's CTAs may not all be
+  // process, docs/performance.md) fused was 1-5% faster on b16/1K, b128/4K and varied, level on
+  // b1/32K (all two row blocks), and 2-4% slower on b32/h64/4K (one row block) in all four pairs,
+  // for a reason not established. combine is also the escape hatch where the grid's CTAs may not all be
   // resident at once although the SM count says so (an MPS client limited to fewer SMs, another
   // kernel holding SMs for seconds): the merge's wait traps after 10 s instead of hanging.
   int sm90_merge_mode = kSm90MergeAuto;
