@@ -1,4 +1,5 @@
-// In-kernel merge of split-KV partials (SM90 decode kernel, p.fused_merge; JAX_MLA_SM90_MERGE=fused).
+// In-kernel merge of split-KV partials (SM90 decode kernel, p.fused_merge; JAX_MLA_SM90_MERGE=auto,
+// the default, uses it for calls of two or more row blocks, =fused wherever it fits).
 //
 // Without it, every piece of a split request stores its fp32 partial (O normalised by its own sum,
 // and its LSE) and a second kernel (cuda/common/combine.cu) merges them once the whole decode grid
@@ -15,8 +16,9 @@
 //      the math of combine.h (same NaN / -inf rules), and writes the output rows and their LSE.
 // Waiting on other CTAs needs every CTA of the grid resident at once: the launcher turns this on
 // only when the grid is at most one CTA per SM (decode_launch.cu), and the wait has a time bound
-// (kMergeTimeoutNs) that traps instead of hanging. The counters (b, row blocks) are zeroed by a
-// memset on the stream before the kernel. Requests with no piece (seq_len <= 0) are written by the
+// (kMergeTimeoutNs) that traps instead of hanging. The counters (b, row blocks) are zeroed before
+// the kernel by the scheduler kernel, or by a memset when the call was given a precomputed
+// schedule (decode_launch.cu). Requests with no piece (seq_len <= 0) are written by the
 // producer warpgroup's idle warps at the start (write_empty_requests).
 #pragma once
 
