@@ -3,7 +3,7 @@
 # the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
 #   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|trace|tmabw|stats]...   (default: tests bench; run in that order)
-# Environment: TESTS_TIMEOUT, BENCH_TIMEOUT (default 420 s: the full benchmark with --xla took more than
+# Environment: AB_WHEELS (other wheels to install for A/B variants, below), TESTS_TIMEOUT, BENCH_TIMEOUT (default 420 s: the full benchmark with --xla took more than
 # 240 s on an H200; its JSON is written after every config, so a cut keeps the finished rows), BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
 # SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
 # spaces: a -k expression must be one word; TESTS_K is passed whole as one -k expression), BENCH_TAG (results file bench-TAG.json, for several
@@ -56,6 +56,18 @@ if [ $installed = 0 ]; then
 fi
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export JAX_MLA_REQUIRE_GPU=1
+
+# Other builds for A/B variants: each folder of AB_WHEELS (e.g. ".whl-pf .whl-zero", carried by the
+# run) is installed at /tmp/site-NAME (NAME = the folder without ".whl-"), for variants such as
+# AB_VARIANTS="X=main PYTHONPATH=/tmp/site-pf".
+for d in ${AB_WHEELS:-}; do
+  n=${d#.whl-}; rm -rf "/tmp/site-$n"
+  if python3 -m pip install -q --no-deps --no-index --target "/tmp/site-$n" "$d"/jax_mla-*.whl; then
+    echo "installed $d at /tmp/site-$n"
+  else
+    echo "could not install $d (carried?)"; status=1
+  fi
+done
 
 # A hung kernel must not eat the whole lease: every step runs under a timeout, and a failed
 # smoke test stops the run.
