@@ -79,6 +79,12 @@ def ns_diff(a, b):
     return (a - b) % NS_WRAP
 
 
+def earliest(stamps):
+    """The earliest of global-timer stamps that lie within half the wrap of each other."""
+    ref = stamps[0]
+    return min(stamps, key=lambda t: (t - ref + NS_WRAP // 2) % NS_WRAP - NS_WRAP // 2)
+
+
 def timeline(clk, ns):
     """Per CTA, from the global timer: entry (the kernel's first instruction), dependency ready
     (after grid_dependency_wait), last exit over its roles, all in ns relative to the first entry
@@ -91,9 +97,7 @@ def timeline(clk, ns):
                     entries[cta] = t
     if not entries:
         return []
-    ref = next(iter(entries.values()))
-    signed = lambda t: (t - ref + NS_WRAP // 2) % NS_WRAP - NS_WRAP // 2  # offset from ref, either sign
-    t0 = min(entries.values(), key=signed)
+    t0 = earliest(list(entries.values()))
     rows = []
     for cta, t_entry in sorted(entries.items()):
         dep = [t for t, e in ns.get((cta, ROLE_CTA), []) if e == DEP_READY]
@@ -139,8 +143,7 @@ def merge_lines(ns):
     entries = [t for (cta, role), ev in ns.items() if role == ROLE_CTA for t, e in ev if e == CTA_ENTRY]
     if not entries:
         return []
-    ref = entries[0]
-    t0 = min(entries, key=lambda t: (t - ref + NS_WRAP // 2) % NS_WRAP - NS_WRAP // 2)
+    t0 = earliest(entries)
     arrived, waited, last_arrival = [], [], {}
     for (cta, role), ev in ns.items():
         if role != 1:

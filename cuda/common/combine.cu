@@ -102,15 +102,8 @@ __device__ __forceinline__ ListedRequest listed_request(const DecodeParams& p, c
   return l;
 }
 
-// Merged max, NaN flag and 1 / sum of exp over the n split LSEs of one row (lse_col: stride
-// rows), computed by the whole warp (lanes stride over the splits) so every lane has them.
-struct RowWeights {
-  float m;    // max LSE, -inf when no split saw a key
-  float inv;  // 1 / sum_s exp(lse_s - m), 0 when m is -inf
-  float sum;
-  bool bad;   // some LSE is NaN
-};
-
+// RowWeights (row_math.cuh) over the n split LSEs of one row (lse_col: stride rows), any n: the
+// lanes stride over the splits, reading them from memory twice.
 __device__ __forceinline__ RowWeights row_weights(const float* lse_col, int64_t rows, int n) {
   const int lane = threadIdx.x % 32;
   RowWeights r;
@@ -136,10 +129,6 @@ __device__ __forceinline__ RowWeights row_weights(const float* lse_col, int64_t 
 // Weight of split s (every lane of the warp loads the same LSE: one broadcast, an L1 hit).
 __device__ __forceinline__ float split_weight(const RowWeights& r, const float* lse_col, int64_t rows, int s) {
   return r.m == -INFINITY ? 0.f : expf(lse_col[s * rows] - r.m) * r.inv;
-}
-
-__device__ __forceinline__ float merged_lse(const RowWeights& r) {
-  return r.bad ? NAN : (r.m == -INFINITY ? -INFINITY : r.m + logf(r.sum));
 }
 
 // Value of every output element of a request with no split (seq_len <= 0): 0, NaN when invalid.

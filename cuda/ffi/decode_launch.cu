@@ -96,17 +96,17 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedu
 #endif
   // The merge's counters are zeroed by the scheduler kernel when it runs (an operation less per
   // call), by a memset when the caller passed a precomputed schedule.
+  const int64_t counter_bytes = p.fused_merge ? merge_counters_bytes(p.batch, p.rows) : 0;
   if (p.fused_merge && p.schedule != nullptr) {
-    if ((st.error = cudaMemsetAsync(p.merge_counters, 0, merge_counters_bytes(p.batch, p.rows), stream)) != cudaSuccess) {
+    if ((st.error = cudaMemsetAsync(p.merge_counters, 0, counter_bytes, stream)) != cudaSuccess) {
       st.what = "merge counter reset";
       return st;
     }
   }
   st.fused_merge = p.fused_merge;
   if (p.schedule == nullptr) {
-    const int num_counters = p.fused_merge ? static_cast<int>(merge_counters_bytes(p.batch, p.rows) / sizeof(int32_t)) : 0;
-    if ((st.error = launch_schedule(p.seq_lens, p.batch, p.num_parts, schedule_scratch, stream,
-                                    p.fused_merge ? p.merge_counters : nullptr, num_counters)) != cudaSuccess) {
+    if ((st.error = launch_schedule(p.seq_lens, p.batch, p.num_parts, schedule_scratch, stream, p.merge_counters,
+                                    static_cast<int>(counter_bytes / sizeof(int32_t)))) != cudaSuccess) {
       st.what = "scheduler launch";
       return st;
     }

@@ -95,50 +95,29 @@ __device__ __forceinline__ void merge_rows(const DecodeParams& p, int request, i
     const float* src = p.partial_out + (static_cast<int64_t>(first_slot) * rows + row) * kHeadDimV + col0;
     float l[kMergeLseRegs];  // (k): LSE of split lane + 32 k
     Vec v[U][kVecs];         // (split of the round, vector)
+    // Splits base .. base + U - 1: this lane's vectors of each (zero past the last split).
+    auto load_round = [&](int base) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int j = 0; j < kVecs; ++j) {
+          v[u][j] = base + u < n
+                        ? __ldcg(reinterpret_cast<const Vec*>(src + (base + u) * split_stride + 32 * j * kVec))
+                        : Vec{};
+        }
+      }
+    };
 #pragma unroll
     for (int k = 0; k < kMergeLseRegs; ++k) {
       const int s = lane + 32 * k;
       l[k] = s < n ? __ldcg(lse_col + s * rows) : -INFINITY;
     }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-#pragma unroll
-      for (int j = 0; j < kVecs; ++j) {
-        v[u][j] = u < n ? __ldcg(reinterpret_cast<const Vec*>(src + u * split_stride + 32 * j * kVec)) : Vec{};
-      }
-    }
-    // combine.h's weights: m = max LSE (NaN tracked apart: fmaxf drops it), w_s = exp(lse_s - m) / sum.
-    float m = -INFINITY;
-    bool bad = false;
-#pragma unroll
-    for (int k = 0; k < kMergeLseRegs; ++k) {
-      bad |= isnan(l[k]);
-      m = fmaxf(m, l[k]);
-    }
-    m = warp_max(m);
-    bad = __any_sync(0xffffffff, bad);
-    float w[kMergeLseRegs];
-    float sum = 0.f;
-#pragma unroll
-    for (int k = 0; k < kMergeLseRegs; ++k) {
-      w[k] = m == -INFINITY ? 0.f : expf(l[k] - m);  // exp(-inf) == 0 for empty splits and s >= n
-      sum += w[k];
-    }
-    sum = warp_sum(sum);
-    const float inv = m == -INFINITY ? 0.f : 1.f / sum;
+    load_round(0);  // issued with the LSE loads, before the reductions use them
+    float w[kMergeLseRegs];  // exp(l[k] - m), shuffled to the lanes below
+    const RowWeights rw = row_weights_of(l, w);
     float acc[kVecs][kVec] = {};  // (vector, element)
     for (int base = 0; base < n; base += U) {
-      if (base > 0) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-#pragma unroll
-          for (int j = 0; j < kVecs; ++j) {
-            v[u][j] = base + u < n
-                          ? __ldcg(reinterpret_cast<const Vec*>(src + (base + u) * split_stride + 32 * j * kVec))
-                          : Vec{};
-          }
-        }
-      }
+      if (base > 0) load_round(base);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int s = base + u;
@@ -147,7 +126,7 @@ __device__ __forceinline__ void merge_rows(const DecodeParams& p, int request, i
           float wk = w[0];
 #pragma unroll
           for (int kk = 1; kk < kMergeLseRegs; ++kk) wk = k == kk ? w[kk] : wk;  // a select, no local array
-          const float ws = __shfl_sync(0xffffffff, wk, s & 31) * inv;
+          const float ws = __shfl_sync(0xffffffff, wk, s & 31) * rw.inv;
 #pragma unroll
           for (int j = 0; j < kVecs; ++j) {
             const float* x = reinterpret_cast<const float*>(&v[u][j]);
@@ -164,7 +143,7 @@ __device__ __forceinline__ void merge_rows(const DecodeParams& p, int request, i
       uint32_t packed[kVec / 2];
 #pragma unroll
       for (int e = 0; e < kVec / 2; ++e) {
-        packed[e] = pack2<Element>(bad ? NAN : acc[j][2 * e], bad ? NAN : acc[j][2 * e + 1]);
+        packed[e] = pack2<Element>(rw.bad ? NAN : acc[j][2 * e], rw.bad ? NAN : acc[j][2 * e + 1]);
       }
       if constexpr (kVec == 4) {
         *reinterpret_cast<uint2*>(dst + 32 * j * kVec) = make_uint2(packed[0], packed[1]);
@@ -172,7 +151,7 @@ __device__ __forceinline__ void merge_rows(const DecodeParams& p, int request, i
         *reinterpret_cast<uint32_t*>(dst + 32 * j * kVec) = packed[0];
       }
     }
-    if (part == 0 && lane == 0) p.lse[out_row] = bad ? NAN : (m == -INFINITY ? -INFINITY : m + logf(sum));
+    if (part == 0 && lane == 0) p.lse[out_row] = merged_lse(rw);
   }
 }
 
