@@ -17,15 +17,17 @@ timed runs without calling the handler, so a captured row shows handler runs = 2
 traced = calls.
 
 Usage: python benchmarks/bench_decode.py [--only NAME[,NAME...]] [--xla] [--kernel portable] [--num-parts 16,33,66]
-                                        [--merge combine,fused] [--json out.json]
+                                        [--merge combine,fused] [--split-plan line,pieces] [--json out.json]
 
 --kernel times a forced CUDA kernel (mla_decode's kernel= argument: auto, sm90, sm100, portable);
 the table and the JSON record it, with jax_mla.kernel_info() of the device. --num-parts times each
 config once per listed split-KV part count (decode_schedule's num_parts; "0" is the default policy),
 for tuning the default; rows are named jax_mla/pN. --merge times each SM90 split-merge mode
-(combine kernel or fused into the decode kernel, _ext.set_sm90_merge). With more than one part count
-or mode, the variants are timed in turn inside one process (A B A B ...), so that the differences
-between processes (5-16% on the device machine) do not enter the comparison.
+(combine kernel or fused into the decode kernel, _ext.set_sm90_merge). --split-plan times each
+split-plan policy of the scheduler (how the batch is cut into parts: auto, line, pieces;
+cuda/common/scheduler.h, _ext.set_split_plan). With more than one part count, mode or policy, the
+variants (all their combinations) are timed in turn inside one process (A B A B ...), so that the
+differences between processes (5-16% on the device machine) do not enter the comparison.
 """
 
 from __future__ import annotations
@@ -168,6 +170,9 @@ def main() -> int:
                     help="comma-separated SM90 split-merge modes to time: env (JAX_MLA_SM90_MERGE decides), "
                          "combine, fused. Several part counts or modes are timed interleaved in one process "
                          "(rows jax_mla/pN/MODE)")
+    ap.add_argument("--split-plan", default="env",
+                    help="comma-separated split-plan policies to time: env (JAX_MLA_SPLIT_PLAN decides), auto, "
+                         "line, pieces (rows jax_mla/.../POLICY), interleaved like --merge")
     args = ap.parse_args()
     _setup_xla_flags(not args.no_graphs)
 
@@ -194,7 +199,10 @@ def main() -> int:
     merge_modes = args.merge.split(",")
     if any(m not in ("env", "combine", "fused", "auto") for m in merge_modes):
         ap.error("--merge takes env, combine, fused and auto")
-    variants = [(n, m) for n in part_counts for m in merge_modes]
+    plan_policies = args.split_plan.split(",")
+    if any(m not in ("env", "auto", "line", "pieces") for m in plan_policies):
+        ap.error("--split-plan takes env, auto, line and pieces")
+    variants = [(n, m, pl) for n in part_counts for m in merge_modes for pl in plan_policies]
     rng = np.random.default_rng(1234)
     rows = []
 
@@ -253,28 +261,36 @@ def main() -> int:
                                                 out_dtype=jnp.float32)
         err = float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
         impl = "jax_mla" if args.kernel == "auto" else f"jax_mla[{args.kernel}]"
-        # Only when asked: an older install (an A/B against a wheel on PYTHONPATH) has no set_sm90_merge.
+        # Only when asked: an older install (an A/B against a wheel on PYTHONPATH) has neither
+        # set_sm90_merge nor set_split_plan.
         set_merge = jax_mla._ext.set_sm90_merge if merge_modes != ["env"] else (lambda mode: None)
+        set_plan = jax_mla._ext.set_split_plan if plan_policies != ["env"] else (lambda mode: None)
+
+        def set_variant(i: int) -> None:
+            set_merge(variants[i][1])
+            set_plan(variants[i][2])
+
         before = _decode_stats(jax_mla, backend)
         if len(variants) == 1:
-            set_merge(variants[0][1])
+            set_variant(0)
             times = [time_step(make_step(op, variants[0][0]), (q, cache, tables, seq_lens), args.repeats, calls)]
         else:
-            # One jitted step per variant (each records its own CUDA graph under its own mode), timed
-            # in turn; the mode is set again before every run, for steps XLA did not capture.
-            steps = [make_step(op, n) for n, _ in variants]
+            # One jitted step per variant (each records its own CUDA graph under its own mode and
+            # policy), timed in turn; both are set again before every run, for steps XLA did not capture.
+            steps = [make_step(op, n) for n, _, _ in variants]
             times = time_steps_interleaved(steps, (q, cache, tables, seq_lens), args.repeats, calls,
-                                           before_each=lambda i: set_merge(variants[i][1]))
+                                           before_each=set_variant)
         set_merge("env")
+        set_plan("env")
         after = _decode_stats(jax_mla, backend)
-        for (num_parts, merge), us in zip(variants, times):
+        for (num_parts, merge, plan_policy), us in zip(variants, times):
             # Decode calls of this config that ran the handler (all variants together), and how many of
             # those were traced into a CUDA graph (replays of a recorded graph do not run the handler).
             tag = ((f"/p{num_parts}" if num_parts else "") + (f"/{merge}" if merge != "env" else "")
-                   + ("/l2res" if args.l2_resident else ""))
-            row = dict(name=cfg.name, impl=impl + tag, kernel=args.kernel, num_parts=num_parts, merge=merge, us=us,
-                       rel_err=err, calls=calls, sets=num_sets, l2_resident=args.l2_resident,
-                       interleaved=len(variants) > 1)
+                   + (f"/{plan_policy}" if plan_policy != "env" else "") + ("/l2res" if args.l2_resident else ""))
+            row = dict(name=cfg.name, impl=impl + tag, kernel=args.kernel, num_parts=num_parts, merge=merge,
+                       split_plan=plan_policy, us=us, rel_err=err, calls=calls, sets=num_sets,
+                       l2_resident=args.l2_resident, interleaved=len(variants) > 1)
             if before is not None:
                 row.update(handler_calls=after[0] - before[0], traced_calls=after[1] - before[1])
             finish_row(cfg, row)

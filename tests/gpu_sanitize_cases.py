@@ -31,7 +31,14 @@ SMALL = [
     # 16 rows from s_q = 2 x h_q = 8, causal, small pages: the SM90 narrow shape when
     # JAX_MLA_SM90_NARROW=1 (its 25-slot ring wraps within the first three tiles)
     cases.Case(lens=(700, 33), s_q=2, h_q=8, page_size=32, causal=True, seed=5),
+    # b16/1K-like: the auto split plan takes pieces (4 equal pieces per request, scheduler.h)
+    cases.Case(lens=(1024,) * 16, h_q=128, page_size=64, seed=6),
 ]
+
+# The device scheduler under each split-plan policy, on the three CTA shapes (b <= 128, <= 1024,
+# more), with few non-empty requests so that the pieces plan's search (barriers per step in the
+# larger shapes) runs: its array must equal the host planner's.
+SCHEDULE_BATCHES = (5, 300, 2000)
 
 
 def main() -> int:
@@ -51,6 +58,17 @@ def main() -> int:
             except AssertionError as e:
                 bad += 1
                 print("FAIL", kernel, case.id, str(e)[:400], flush=True)
+    rng = np.random.default_rng(7)
+    for b in SCHEDULE_BATCHES:
+        lens = np.where(rng.permutation(b) < 5, rng.choice([1, 64, 1000, 5000, 40000], b), 0).astype(np.int32)
+        for policy in ("line", "pieces", "auto"):
+            prev = jax_mla._ext.set_split_plan(policy)
+            with jax.default_device(gpu):
+                sched = np.asarray(jax_mla.decode_schedule(jax.device_put(lens, gpu), num_heads=16, num_parts=66))
+            jax_mla._ext.set_split_plan(prev)
+            same = np.array_equal(sched, jax_mla._ext.plan_schedule(lens, 66, policy))
+            bad += not same
+            print("ok  " if same else "FAIL", f"schedule b={b} {policy}", flush=True)
     # With JAX_MLA_SM90_NARROW set, the <= 16-row cases above must have run on that shape.
     failure = shape_check_failure()
     if failure:

@@ -181,11 +181,16 @@ def test_bad_page_ids_and_lengths_give_nan_for_that_request_only(kernel):
 # The device scheduler and the combine list (cuda/common/scheduler.cu, combine.cu)
 # ----------------------------------------------------------------------------------------------
 
-def device_schedule(seq_lens, num_parts):
-    with jax.default_device(gpu()):
-        sched = jax_mla.decode_schedule(jax.device_put(np.asarray(seq_lens, np.int32), gpu()),
-                                        num_heads=16, num_parts=num_parts)
-    return np.asarray(sched)
+def device_schedule(seq_lens, num_parts, policy="env"):
+    """The device scheduler's array under split-plan policy `policy` (env: the one in force)."""
+    prev = _ext.set_split_plan(policy)
+    try:
+        with jax.default_device(gpu()):
+            sched = jax_mla.decode_schedule(jax.device_put(np.asarray(seq_lens, np.int32), gpu()),
+                                            num_heads=16, num_parts=num_parts)
+        return np.asarray(sched)
+    finally:
+        _ext.set_split_plan(prev)
 
 
 def plan_splits(seq_lens, num_parts):
@@ -201,7 +206,9 @@ SCHEDULE_BATCHES = (1, 2, 31, 32, 33, 127, 128, 129, 255, 1000, 1024, 1025, 4097
 @pytest.mark.parametrize("b", SCHEDULE_BATCHES)
 def test_device_schedule_equals_host_plan(b):
     """The device scheduler writes exactly the host plan (parts, split offsets, combine list) for
-    random, all-empty, half-empty, uniform (with and without empty requests) and one-long batches."""
+    random, all-empty, half-empty, uniform (with and without empty requests), one-long and
+    few-requests batches, under each split-plan policy (line, pieces, auto: scheduler.h); the few
+    requests (at most 40 non-empty ones) are where pieces apply and its search runs."""
     rng = np.random.default_rng(9400 + b)
     kinds = np.array([0, 1, 63, 64, 65, 300, 1000, 4096, 30000, 131072])
     batches = {
@@ -211,13 +218,15 @@ def test_device_schedule_equals_host_plan(b):
         "uniform": np.full(b, 4096),  # whole-request parts (scheduler.h part_width) where they fit
         "uniform_with_empty": np.where(np.arange(b) % 7 == 3, 0, 1000),
         "one_long": np.concatenate([[131072], rng.choice([0, 64], b - 1)]),
+        "few": np.where(rng.permutation(b) < 40, rng.choice(kinds, b), 0),
     }
     for name, lens in batches.items():
         lens = lens.astype(np.int32)
         for num_parts in (1, 7, 66, 132, 1000):
-            np.testing.assert_array_equal(device_schedule(lens, num_parts),
-                                          _ext.plan_schedule(lens, num_parts),
-                                          err_msg=f"{name} b={b} num_parts={num_parts}")
+            for policy in ("line", "pieces", "auto"):
+                np.testing.assert_array_equal(device_schedule(lens, num_parts, policy),
+                                              _ext.plan_schedule(lens, num_parts, policy),
+                                              err_msg=f"{name} b={b} num_parts={num_parts} {policy}")
 
 
 def assert_rows_close(data, out, lse, tol=2e-2):
@@ -275,6 +284,36 @@ def test_many_splits(case, num_parts, plan):
     assert_rows_close(data, *first)
     assert_bit_identical(first, run_gpu(data, schedule=sched))  # fixed reduction order
     assert_bit_identical(first, run_gpu(data, schedule=sched))
+
+
+PIECES_CASES = [
+    cases.Case(lens=(1024,) * 16, h_q=128, page_size=64, seed=9511),  # b16/1K: auto takes pieces
+    cases.Case(lens=(5000, 0, 64, 1, 700), s_q=2, h_q=64, causal=True, page_size=32, seed=9512),
+    cases.Case(lens=(40000, 130, 2047), h_q=16, page_size=16, dtype="float16", seed=9513),
+]
+
+
+@pytest.mark.parametrize("case", PIECES_CASES, ids=lambda c: c.id)
+def test_pieces_plan_matches_reference(case):
+    """Forced pieces plans (scheduler.h: each request in equal pieces, one per part), with the
+    schedule inside the op and passed in: reference result per row, bit-identical repeats, and the
+    device's schedule is the host's pieces plan (so the case really ran on pieces)."""
+    data = cases.make(case)
+    prev = _ext.set_split_plan("pieces")
+    try:
+        with jax.default_device(gpu()):
+            sched = jax_mla.decode_schedule(jax.device_put(data.seq_lens, gpu()), num_heads=case.h_q,
+                                            seq_q=case.s_q)
+        num_parts = (np.asarray(sched).size - 2 * case.b - 3) // 8
+        np.testing.assert_array_equal(np.asarray(sched), _ext.plan_schedule(data.seq_lens, num_parts, "pieces"))
+        assert not np.array_equal(np.asarray(sched), _ext.plan_schedule(data.seq_lens, num_parts, "line"))
+        in_op = run_gpu(data)
+        check(data, *in_op)
+        assert_rows_close(data, *in_op)
+        assert_bit_identical(in_op, run_gpu(data, schedule=sched))
+        assert_bit_identical(in_op, run_gpu(data))
+    finally:
+        _ext.set_split_plan(prev)
 
 
 def test_in_op_schedule_many_splits_is_bit_identical():

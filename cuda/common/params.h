@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "config.h"
+#include "scheduler.h"
 
 namespace jax_mla {
 
@@ -66,6 +67,11 @@ struct DecodeParams {
   // kernel.
   bool fused_merge = false;
   int* merge_counters = nullptr;
+
+  // How the device scheduler plans the parts when the call computes its own schedule (scheduler.h;
+  // a precomputed schedule carries its plan). The CUDA handler sets it from JAX_MLA_SPLIT_PLAN
+  // (ffi/split_plan_policy.h).
+  SplitPlanPolicy split_plan = SplitPlanPolicy::kAuto;
 
   // Debug builds only (CMake JAX_MLA_SM90_TRACE): the SM90 kernel's event log, see
   // cuda/sm90/trace.cuh; null otherwise.

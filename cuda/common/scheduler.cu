@@ -10,7 +10,8 @@
 // does both scans with shuffles alone; larger batches use more warps, each thread owning a
 // contiguous chunk of requests whose seq_lens it loads all at once (unrolled, so the loads are in
 // flight together rather than one latency each). Four barriers in the largest shape (two scans,
-// the cost range for part_width, the plan), one in the smallest (the old kernel had seven).
+// the cost summary for choose_part_plan, the plan), one in the smallest (the old kernel had seven),
+// plus one per step of the pieces plan's search when it runs (few requests: then a few steps).
 #include <cstdint>
 #include <cuda_runtime.h>
 
@@ -90,42 +91,67 @@ __device__ T scan_exclusive(T local, T* warp_totals, T* total) {
   }
 }
 
-// Smallest and largest of one value pair per thread over the kScanWarps scanning warps (the
-// non-empty requests' costs, for part_width); same calling rules as scan_exclusive.
+// The CostSummary of the non-empty requests over the kScanWarps scanning warps, from one partial
+// summary per thread; same calling rules as scan_exclusive.
+__device__ __forceinline__ CostSummary merge_summaries(CostSummary a, CostSummary b) {
+  return {min(a.min_cost, b.min_cost), max(a.max_cost, b.max_cost), a.nonempty + b.nonempty};
+}
+__device__ __forceinline__ CostSummary shuffle_xor(CostSummary a, int d) {
+  return {__shfl_xor_sync(0xffffffff, a.min_cost, d), __shfl_xor_sync(0xffffffff, a.max_cost, d),
+          __shfl_xor_sync(0xffffffff, a.nonempty, d)};
+}
 template <class Shape>
-__device__ int2 reduce_cost_range(int2 local, int2* warp_ranges) {
+__device__ CostSummary reduce_cost_summary(CostSummary local, CostSummary* warp_summaries) {
 #pragma unroll
-  for (int d = 16; d > 0; d >>= 1) {
-    local.x = min(local.x, __shfl_xor_sync(0xffffffff, local.x, d));
-    local.y = max(local.y, __shfl_xor_sync(0xffffffff, local.y, d));
-  }
+  for (int d = 16; d > 0; d >>= 1) local = merge_summaries(local, shuffle_xor(local, d));
   if constexpr (Shape::kScanWarps == 1) {
     return local;
   } else {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    if (warp < Shape::kScanWarps && lane == 0) warp_ranges[warp] = local;
+    if (warp < Shape::kScanWarps && lane == 0) warp_summaries[warp] = local;
     __syncthreads();
-    int2 r = lane < Shape::kScanWarps ? warp_ranges[lane] : make_int2(INT32_MAX, 0);
+    CostSummary r = lane < Shape::kScanWarps ? warp_summaries[lane] : CostSummary{INT32_MAX, 0, 0};
 #pragma unroll
-    for (int d = 16; d > 0; d >>= 1) {
-      r.x = min(r.x, __shfl_xor_sync(0xffffffff, r.x, d));
-      r.y = max(r.y, __shfl_xor_sync(0xffffffff, r.y, d));
-    }
+    for (int d = 16; d > 0; d >>= 1) r = merge_summaries(r, shuffle_xor(r, d));
     return r;
+  }
+}
+
+// Sum of one value per thread over the kScanWarps scanning warps (the pieces search's counts);
+// same calling rules as scan_exclusive. Consecutive calls alternate between the two rows of
+// warp_sums, so one barrier per call suffices: a row is written again only two calls later, after
+// every thread has passed the barrier of the call between, hence finished reading it.
+template <class Shape>
+__device__ int64_t reduce_sum(int64_t local, int64_t (*warp_sums)[Shape::kScanWarps], int* round) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) local += __shfl_xor_sync(0xffffffff, local, d);
+  if constexpr (Shape::kScanWarps == 1) {
+    return local;
+  } else {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int64_t* row = warp_sums[*round & 1];
+    *round += 1;
+    if (warp < Shape::kScanWarps && lane == 0) row[warp] = local;
+    __syncthreads();
+    int64_t t = lane < Shape::kScanWarps ? row[lane] : 0;
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) t += __shfl_xor_sync(0xffffffff, t, d);
+    return t;
   }
 }
 
 template <class Shape>
 __global__ void __launch_bounds__(Shape::kThreads)
-    schedule_kernel(const int32_t* __restrict__ seq_lens, int batch, int num_parts, int32_t* __restrict__ schedule,
-                    int32_t* __restrict__ zeroed, int num_zeroed) {
+    schedule_kernel(const int32_t* __restrict__ seq_lens, int batch, int num_parts, SplitPlanPolicy policy,
+                    int32_t* __restrict__ schedule, int32_t* __restrict__ zeroed, int num_zeroed) {
   extern __shared__ int64_t smem[];
   int64_t* C = smem;                                                   // (batch + 1) cost prefix
   int32_t* split_offsets = reinterpret_cast<int32_t*>(C + batch + 1);  // (batch + 1)
   __shared__ int64_t cost_totals[Shape::kScanWarps];
   __shared__ uint64_t count_totals[Shape::kScanWarps];
-  __shared__ int2 cost_ranges[Shape::kScanWarps];
-  __shared__ int64_t width_shared;  // the part width W
+  __shared__ CostSummary cost_summaries[Shape::kScanWarps];
+  __shared__ int64_t piece_counts[2][Shape::kScanWarps];
+  __shared__ PartPlan plan_shared;
   __shared__ int32_t num_listed_shared;
   constexpr int kChunk = Shape::kChunk;
   constexpr int kScanThreads = Shape::kScanWarps * 32;
@@ -149,16 +175,22 @@ __global__ void __launch_bounds__(Shape::kThreads)
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) cost[k] = k < count ? request_cost(seq_lens[lo + k]) : 0;
     int64_t local_cost = 0;
-    int2 local_range = make_int2(INT32_MAX, 0);  // (min, max) cost of this thread's non-empty requests
+    CostSummary local_summary{INT32_MAX, 0, 0};  // this thread's non-empty requests
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) {
       local_cost += cost[k];
-      if (cost[k] > 0) local_range = make_int2(min(local_range.x, cost[k]), max(local_range.y, cost[k]));
+      if (cost[k] > 0) local_summary = merge_summaries(local_summary, CostSummary{cost[k], cost[k], 1});
     }
     int64_t total_cost = 0;
     int64_t c = scan_exclusive<Shape>(local_cost, cost_totals, &total_cost);
-    const int2 range = reduce_cost_range<Shape>(local_range, cost_ranges);
-    const int64_t w = part_width(total_cost, num_parts, range.x, range.y);
+    const CostSummary summary = reduce_cost_summary<Shape>(local_summary, cost_summaries);
+    int round = 0;
+    const PartPlan plan = choose_part_plan(policy, total_cost, num_parts, summary, [&](int piece_blocks) {
+      int64_t n = 0;
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) n += cost[k] > 0 ? pieces_of(cost[k] - kFixedOverheadBlocks, piece_blocks) : 0;
+      return reduce_sum<Shape>(n, piece_counts, &round);
+    });
 
     // C of the chunk (for the parts' binary searches), and each request's split count from the two
     // prefix values this thread already holds.
@@ -169,7 +201,7 @@ __global__ void __launch_bounds__(Shape::kThreads)
       splits[k] = 1;
       if (k < count) {
         C[lo + k] = c;
-        splits[k] = num_splits_between(c, c + cost[k], w);
+        splits[k] = num_splits_planned(plan, c, c + cost[k]);
         c += cost[k];
         local_counts += pack_counts(splits[k]);
       }
@@ -177,7 +209,7 @@ __global__ void __launch_bounds__(Shape::kThreads)
     uint64_t total_counts = 0;
     uint64_t counts = scan_exclusive<Shape>(local_counts, count_totals, &total_counts);
 
-    // split_offsets (shared: part_begin_slot needs them) and the combine list (global, scattered).
+    // split_offsets (shared: plan_part needs them) and the combine list (global, scattered).
     int32_t* combine = schedule + combine_begin(batch, num_parts);  // (kCombineHeader + b)
     int32_t* list = combine + kCombineHeader;                       // (b)
     const int num_many = many_of(total_counts);
@@ -192,7 +224,7 @@ __global__ void __launch_bounds__(Shape::kThreads)
     }
     if (threadIdx.x == 0) {
       C[batch] = total_cost;
-      width_shared = w;
+      plan_shared = plan;
       split_offsets[batch] = splits_of(total_counts);
       num_listed_shared = num_many + few_of(total_counts);
       combine[kCombineCount] = num_many + few_of(total_counts);
@@ -201,13 +233,10 @@ __global__ void __launch_bounds__(Shape::kThreads)
   }
   __syncthreads();  // C, split_offsets and the totals are complete
 
-  const int64_t w = width_shared;
+  const PartPlan plan = plan_shared;
   for (int part = threadIdx.x; part < num_parts; part += Shape::kThreads) {
     int32_t info[kPartFields];
-    plan_part(C, batch, w, part, info);
-    if (info[kPartBeginReq] < batch) {
-      info[kPartBeginSlot] = part_begin_slot(C, split_offsets, w, part, info[kPartBeginReq]);
-    }
+    plan_part(C, split_offsets, batch, plan, part, info);
     int32_t* dst = schedule + static_cast<int64_t>(part) * kPartFields;
 #pragma unroll
     for (int f = 0; f < kPartFields; ++f) dst[f] = info[f];
@@ -221,27 +250,28 @@ __global__ void __launch_bounds__(Shape::kThreads)
 }
 
 template <class Shape>
-cudaError_t launch_shape(const int32_t* seq_lens, int batch, int num_parts, int32_t* schedule, int32_t* zeroed,
-                         int num_zeroed, cudaStream_t stream) {
+cudaError_t launch_shape(const int32_t* seq_lens, int batch, int num_parts, SplitPlanPolicy policy, int32_t* schedule,
+                         int32_t* zeroed, int num_zeroed, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(1);
   cfg.blockDim = dim3(Shape::kThreads);
   cfg.dynamicSmemBytes = scheduler_smem_bytes(batch);
   cfg.stream = stream;
-  return cudaLaunchKernelEx(&cfg, schedule_kernel<Shape>, seq_lens, batch, num_parts, schedule, zeroed, num_zeroed);
+  return cudaLaunchKernelEx(&cfg, schedule_kernel<Shape>, seq_lens, batch, num_parts, policy, schedule, zeroed,
+                            num_zeroed);
 }
 
 }  // namespace
 
-cudaError_t launch_schedule(const int32_t* seq_lens, int batch, int num_parts, int32_t* schedule,
-                            cudaStream_t stream, int32_t* zeroed, int num_zeroed) {
+cudaError_t launch_schedule(const int32_t* seq_lens, int batch, int num_parts, SplitPlanPolicy policy,
+                            int32_t* schedule, cudaStream_t stream, int32_t* zeroed, int num_zeroed) {
   if (batch <= SmallSchedule::kMaxBatch) {
-    return launch_shape<SmallSchedule>(seq_lens, batch, num_parts, schedule, zeroed, num_zeroed, stream);
+    return launch_shape<SmallSchedule>(seq_lens, batch, num_parts, policy, schedule, zeroed, num_zeroed, stream);
   }
   if (batch <= MediumSchedule::kMaxBatch) {
-    return launch_shape<MediumSchedule>(seq_lens, batch, num_parts, schedule, zeroed, num_zeroed, stream);
+    return launch_shape<MediumSchedule>(seq_lens, batch, num_parts, policy, schedule, zeroed, num_zeroed, stream);
   }
-  return launch_shape<LargeSchedule>(seq_lens, batch, num_parts, schedule, zeroed, num_zeroed, stream);
+  return launch_shape<LargeSchedule>(seq_lens, batch, num_parts, policy, schedule, zeroed, num_zeroed, stream);
 }
 
 cudaError_t setup_schedule_kernel() {

@@ -6,13 +6,23 @@
 // layers of one decode step (jax_mla.decode_schedule) without knowing its meaning.
 //
 // Cost model: request r costs nb(r) + kFixedOverheadBlocks units, nb(r) = ceil(seq_len/kBlockN)
-// (0 for an empty request, which costs nothing). Laying the requests' costs end to end gives a
-// line [0, total); part p owns the cost interval [p*W, (p+1)*W), W = ceil(total/num_parts), or the
-// whole-request width of part_width() below when the batch is uniform.
-// Inside request r the first kFixedOverheadBlocks units are its overhead, then one unit per
-// KV block. So part p processes exactly the blocks whose unit falls in its interval, and every
-// function below is a closed form over the prefix sums C[r] (no sequential walk), which is
-// what lets the GPU compute it with one thread per part / per request.
+// (0 for an empty request, which costs nothing): every piece of work a part does pays the
+// overhead (Q load, pipeline fill, epilogue) once, then one unit per KV block. Two ways to cut the
+// batch into parts (PartPlan, chosen by choose_part_plan):
+//  - The line (the general case): laying the requests' costs end to end gives a line [0, total);
+//    part p owns the cost interval [p*W, (p+1)*W), W = ceil(total/num_parts), or the
+//    whole-request width of part_width() below when the batch is uniform. Inside request r the
+//    first kFixedOverheadBlocks units are its overhead, then one unit per KV block, so part p
+//    processes exactly the blocks whose unit falls in its interval. The line charges a request's
+//    overhead once, but a part that starts inside a request pays it again, so its most expensive
+//    part costs up to W + overhead.
+//  - Pieces (few non-empty requests, at most num_parts): request r is cut into
+//    ceil(nb(r) / B) pieces of (almost) equal block counts, one piece per part, parts in request
+//    order; B is the smallest block count for which all pieces fit in the parts. Every part then
+//    costs at most B + overhead. Where W is small against the overhead this is much less: b16/1K
+//    over 66 parts has W = 6 and parts of up to 6 + 5 units on the line, 4 + 5 with pieces.
+// Every function below is a closed form over the prefix sums C[r] and split_offsets (no
+// sequential walk), which is what lets the GPU compute it with one thread per part / per request.
 //
 // Layout of the schedule array (int32, schedule_size(b, num_parts) elements):
 //   [0, num_parts * kPartFields)            PartInfo of part p at p * kPartFields
@@ -105,6 +115,86 @@ MLA_HOST_DEVICE int64_t part_width(int64_t total, int num_parts, int min_cost, i
   return (whole - w) * kWholeRequestSlack <= w ? whole : w;
 }
 
+// The split-plan policy (JAX_MLA_SPLIT_PLAN, cuda/ffi/split_plan_policy.h): auto (default) picks
+// pieces when their most expensive part is clearly cheaper than the line's; line and pieces force
+// one (pieces only where it applies: 1 .. num_parts non-empty requests).
+enum class SplitPlanPolicy : int { kAuto = 0, kLine = 1, kPieces = 2 };
+
+// How the parts cut the batch (see the cost model above).
+struct PartPlan {
+  int64_t width;     // the line's units per part W (computed in both modes; used by the line)
+  int piece_blocks;  // pieces: at most this many KV blocks per piece (B >= 1); 0: the line
+};
+
+// The non-empty requests' costs, summarised (the device scheduler reduces them over its threads).
+struct CostSummary {
+  int min_cost;  // smallest request_cost over the non-empty requests (INT32_MAX when none)
+  int max_cost;  // largest (0 when none)
+  int nonempty;  // how many requests are non-empty
+};
+
+// Pieces of a request of nb KV blocks with at most piece_blocks blocks each.
+MLA_HOST_DEVICE int pieces_of(int nb, int piece_blocks) { return (nb + piece_blocks - 1) / piece_blocks; }
+
+// Where the smallest feasible B lies: [lo, hi], lo > hi when pieces do not apply. The pieces of
+// all requests number at least total_blocks / B (so B >= total_blocks / num_parts) and at most
+// total_blocks / B + nonempty (so B = total_blocks / (num_parts - nonempty) fits), and B = the
+// largest request's block count always fits when nonempty <= num_parts.
+struct PieceRange {
+  int lo, hi;
+};
+MLA_HOST_DEVICE PieceRange piece_blocks_range(int64_t total_blocks, int nonempty, int max_blocks, int num_parts) {
+  if (nonempty == 0 || nonempty > num_parts) return {1, 0};
+  int64_t hi = max_blocks;
+  if (nonempty < num_parts) {
+    const int64_t spare = num_parts - nonempty;
+    const int64_t fits = (total_blocks + spare - 1) / spare;
+    hi = fits < hi ? fits : hi;
+  }
+  int64_t lo = (total_blocks + num_parts - 1) / num_parts;
+  lo = lo > hi ? hi : lo;
+  return {static_cast<int>(lo < 1 ? 1 : lo), static_cast<int>(hi)};
+}
+
+// The line's most expensive part, estimated: W when its parts hold whole requests (uniform batch,
+// part_width's whole-request width), else W plus the overhead a part starting inside a request pays.
+MLA_HOST_DEVICE int64_t line_part_cost(int64_t width, const CostSummary& s) {
+  const bool whole = s.max_cost > 0 && s.min_cost == s.max_cost && width % s.max_cost == 0;
+  return whole ? width : width + kFixedOverheadBlocks;
+}
+
+// auto picks pieces only when their most expensive part is at least 1/kPiecesMargin cheaper than
+// the line's, so that near-ties keep the line (which uses every part and splits fewer requests).
+inline constexpr int kPiecesMargin = 20;
+
+MLA_HOST_DEVICE bool pieces_preferred(SplitPlanPolicy policy, int64_t piece_blocks, int64_t line_cost) {
+  if (policy != SplitPlanPolicy::kAuto) return policy == SplitPlanPolicy::kPieces;
+  return (piece_blocks + kFixedOverheadBlocks) * (kPiecesMargin + 1) <= line_cost * kPiecesMargin;
+}
+
+// The plan for a batch of total_cost units. pieces_total(B) must return sum_r pieces_of(nb(r), B)
+// over the non-empty requests; it is called only with B in piece_blocks_range (a binary search,
+// ceil(log2(hi - lo + 1)) calls; the device scheduler's version is a reduction over its threads,
+// so every one of them must reach the same calls: the arguments here are uniform).
+template <class PiecesTotal>
+MLA_HOST_DEVICE PartPlan choose_part_plan(SplitPlanPolicy policy, int64_t total_cost, int num_parts,
+                                          const CostSummary& s, PiecesTotal&& pieces_total) {
+  PartPlan plan{part_width(total_cost, num_parts, s.min_cost, s.max_cost), 0};
+  if (policy == SplitPlanPolicy::kLine) return plan;
+  const int64_t total_blocks = total_cost - static_cast<int64_t>(s.nonempty) * kFixedOverheadBlocks;
+  const PieceRange range = piece_blocks_range(total_blocks, s.nonempty, s.max_cost - kFixedOverheadBlocks, num_parts);
+  if (range.lo > range.hi) return plan;
+  const int64_t line_cost = line_part_cost(plan.width, s);
+  if (!pieces_preferred(policy, range.lo, line_cost)) return plan;  // not even the best B would win
+  int lo = range.lo, hi = range.hi;                                  // pieces_total(hi) <= num_parts
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (pieces_total(mid) <= num_parts) hi = mid; else lo = mid + 1;
+  }
+  if (pieces_preferred(policy, lo, line_cost)) plan.piece_blocks = lo;
+  return plan;
+}
+
 // Index of the request that owns cost unit x: the r with C[r] <= x < C[r+1], C being the
 // exclusive prefix sum of request_cost (length batch + 1). Requires 0 <= x < C[batch].
 MLA_HOST_DEVICE int request_of_unit(const int64_t* C, int batch, int64_t x) {
@@ -116,22 +206,21 @@ MLA_HOST_DEVICE int request_of_unit(const int64_t* C, int batch, int64_t x) {
   return lo;
 }
 
-// Parts holding the first and the last KV block of request r (r must have nb(r) > 0).
+// Line: the part holding the first KV block of request r (r must have nb(r) > 0).
 MLA_HOST_DEVICE int64_t first_part_of(const int64_t* C, int r, int64_t w) {
   return (C[r] + kFixedOverheadBlocks) / w;
 }
-MLA_HOST_DEVICE int64_t last_part_of(const int64_t* C, int r, int64_t w) { return (C[r + 1] - 1) / w; }
 
-// Number of pieces (workspace slots) of the request whose cost units are [c_begin, c_end)
-// (first_part_of / last_part_of written on the two prefix values directly, so that the device
-// scheduler can use the values it holds in registers).
-MLA_HOST_DEVICE int num_splits_between(int64_t c_begin, int64_t c_end, int64_t w) {
+// Number of pieces (workspace slots) of the request whose cost units are [c_begin, c_end), written
+// on the two prefix values directly so that the device scheduler can use the values it holds in
+// registers. Line: the parts of its last and its first KV block, (c_end - 1) / W and first_part_of.
+MLA_HOST_DEVICE int num_splits_planned(const PartPlan& plan, int64_t c_begin, int64_t c_end) {
   if (c_end == c_begin) return 0;
-  return static_cast<int>((c_end - 1) / w - (c_begin + kFixedOverheadBlocks) / w + 1);
+  if (plan.piece_blocks > 0) {
+    return pieces_of(static_cast<int>(c_end - c_begin - kFixedOverheadBlocks), plan.piece_blocks);
+  }
+  return static_cast<int>((c_end - 1) / plan.width - (c_begin + kFixedOverheadBlocks) / plan.width + 1);
 }
-
-// Number of pieces (workspace slots) request r is split into.
-MLA_HOST_DEVICE int num_splits_of(const int64_t* C, int r, int64_t w) { return num_splits_between(C[r], C[r + 1], w); }
 
 // Where request r goes in the combine list (-1: not listed, it has exactly one split).
 // many_before / few_before: listed requests before r of the same class; num_many: the total of
@@ -150,56 +239,77 @@ MLA_HOST_DEVICE int block_at_unit(const int64_t* C, int r, int64_t x) {
   return static_cast<int>(b);
 }
 
-// Fills part p's PartInfo (everything except begin_slot, which needs split_offsets).
-MLA_HOST_DEVICE void plan_part(const int64_t* C, int batch, int64_t w, int p, int32_t* info) {
-  const int64_t total = C[batch];
-  const int64_t x0 = static_cast<int64_t>(p) * w;
-  int64_t x1 = x0 + w;
-  x1 = x1 > total ? total : x1;
+// Pieces: the request whose pieces hold part p, the r with split_offsets[r] <= p <
+// split_offsets[r + 1] (a non-empty request: empty ones own no slot). Requires p < split_offsets[batch].
+MLA_HOST_DEVICE int request_of_slot(const int32_t* split_offsets, int batch, int p) {
+  int lo = 0, hi = batch;  // answer in [lo, hi)
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (split_offsets[mid] <= p) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+// Part p's PartInfo. split_offsets (b + 1) must be complete: with pieces, part p is slot p.
+MLA_HOST_DEVICE void plan_part(const int64_t* C, const int32_t* split_offsets, int batch, const PartPlan& plan, int p,
+                               int32_t* info) {
   for (int f = 0; f < kPartFields; ++f) info[f] = 0;
-  if (x0 >= total) {  // empty part
+  const int64_t total = C[batch];
+  const bool empty = plan.piece_blocks > 0 ? p >= split_offsets[batch] : static_cast<int64_t>(p) * plan.width >= total;
+  if (empty) {
     info[kPartBeginReq] = batch;
     info[kPartEndReq] = batch - 1;
     return;
   }
+  if (plan.piece_blocks > 0) {
+    // Piece j of the request's k pieces: blocks [j * nb / k, (j + 1) * nb / k), none empty (k <= nb).
+    const int r = request_of_slot(split_offsets, batch, p);
+    const int64_t k = split_offsets[r + 1] - split_offsets[r], j = p - split_offsets[r];
+    const int64_t nb = C[r + 1] - C[r] - kFixedOverheadBlocks;
+    info[kPartBeginReq] = r;
+    info[kPartBeginBlock] = static_cast<int32_t>(j * nb / k);
+    info[kPartEndReq] = r;
+    info[kPartEndBlock] = static_cast<int32_t>((j + 1) * nb / k);
+    info[kPartBeginSlot] = p;
+    return;
+  }
+  const int64_t w = plan.width;
+  const int64_t x0 = static_cast<int64_t>(p) * w;
+  int64_t x1 = x0 + w;
+  x1 = x1 > total ? total : x1;
   const int r0 = request_of_unit(C, batch, x0);
   const int r1 = request_of_unit(C, batch, x1 - 1);
   info[kPartBeginReq] = r0;
   info[kPartBeginBlock] = block_at_unit(C, r0, x0);
   info[kPartEndReq] = r1;
   info[kPartEndBlock] = block_at_unit(C, r1, x1);
-}
-
-// begin_slot of part p once split_offsets is known.
-MLA_HOST_DEVICE int32_t part_begin_slot(const int64_t* C, const int32_t* split_offsets, int64_t w, int p,
-                                        int begin_req) {
-  return split_offsets[begin_req] + static_cast<int32_t>(p - first_part_of(C, begin_req, w));
+  info[kPartBeginSlot] = split_offsets[r0] + static_cast<int32_t>(p - first_part_of(C, r0, w));
 }
 
 // Host reference: the whole plan, sequentially. C must have room for batch + 1 entries.
 // The device scheduler (scheduler.cu) produces the identical array.
-inline void plan_schedule_host(const int32_t* seq_lens, int batch, int num_parts, int64_t* C, int32_t* schedule) {
+inline void plan_schedule_host(const int32_t* seq_lens, int batch, int num_parts, SplitPlanPolicy policy, int64_t* C,
+                               int32_t* schedule) {
   C[0] = 0;
-  int min_cost = INT32_MAX, max_cost = 0;  // over the non-empty requests
+  CostSummary s{INT32_MAX, 0, 0};  // over the non-empty requests
   for (int r = 0; r < batch; ++r) {
     const int c = request_cost(seq_lens[r]);
     C[r + 1] = C[r] + c;
     if (c > 0) {
-      min_cost = c < min_cost ? c : min_cost;
-      max_cost = c > max_cost ? c : max_cost;
+      s.min_cost = c < s.min_cost ? c : s.min_cost;
+      s.max_cost = c > s.max_cost ? c : s.max_cost;
+      s.nonempty += 1;
     }
   }
-  const int64_t w = part_width(C[batch], num_parts, min_cost, max_cost);
+  const PartPlan plan = choose_part_plan(policy, C[batch], num_parts, s, [&](int piece_blocks) {
+    int64_t n = 0;
+    for (int r = 0; r < batch; ++r) n += pieces_of(num_kv_blocks(seq_lens[r]), piece_blocks);
+    return n;
+  });
   int32_t* split_offsets = schedule + split_offsets_begin(num_parts);  // (b + 1)
   split_offsets[0] = 0;
-  for (int r = 0; r < batch; ++r) split_offsets[r + 1] = split_offsets[r] + num_splits_of(C, r, w);
-  for (int p = 0; p < num_parts; ++p) {
-    int32_t* info = schedule + static_cast<int64_t>(p) * kPartFields;
-    plan_part(C, batch, w, p, info);
-    if (info[kPartBeginReq] < batch) {
-      info[kPartBeginSlot] = part_begin_slot(C, split_offsets, w, p, info[kPartBeginReq]);
-    }
-  }
+  for (int r = 0; r < batch; ++r) split_offsets[r + 1] = split_offsets[r] + num_splits_planned(plan, C[r], C[r + 1]);
+  for (int p = 0; p < num_parts; ++p) plan_part(C, split_offsets, batch, plan, p, schedule + static_cast<int64_t>(p) * kPartFields);
   int32_t* combine = schedule + combine_begin(batch, num_parts);  // (kCombineHeader + b)
   int32_t* list = combine + kCombineHeader;                       // (b)
   int num_many = 0, num_listed = 0;

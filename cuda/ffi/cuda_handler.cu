@@ -35,6 +35,7 @@
 #include "ffi/kernel_info.h"
 #include "ffi/kernel_select.h"
 #include "ffi/self_check.h"
+#include "ffi/split_plan_policy.h"
 #include "handlers.h"
 #ifdef JAX_MLA_HAVE_SM90
 #include "sm90/launch.h"
@@ -338,6 +339,7 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   // The launcher keeps it only where it fits.
   const int merge_mode = merge_override >= 0 ? merge_override : process_env().sm90_merge_mode;
   p.fused_merge = merge_mode == kSm90MergeFused || (merge_mode == kSm90MergeAuto && num_row_blocks(p.rows) >= 2);
+  p.split_plan = split_plan_policy();
   const LaunchStatus st =
       launch_decode_kernel(sel.kernel, p, reinterpret_cast<int32_t*>(ws + layout.schedule_offset), stream);
   if (!st.ok()) {
@@ -369,7 +371,7 @@ ffi::Error ScheduleExecuteImpl(cudaStream_t stream, ffi::AnyBuffer seq_lens, ffi
     return ffi::Error(ffi::ErrorCode::kInternal, "jax_mla_decode_schedule: the initialize stage did not run");
   }
   if (cudaError_t e = launch_schedule(static_cast<const int32_t*>(seq_lens.untyped_data()), batch, num_parts,
-                                      static_cast<int32_t*>(schedule->untyped_data()), stream);
+                                      split_plan_policy(), static_cast<int32_t*>(schedule->untyped_data()), stream);
       e != cudaSuccess) {
     return cuda_error("scheduler launch", e);
   }

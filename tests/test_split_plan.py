@@ -1,0 +1,260 @@
+"""The scheduler's two ways of cutting a batch into parts (cuda/common/scheduler.h): the line and
+pieces, the auto policy that picks between them, and the switch (JAX_MLA_SPLIT_PLAN,
+_ext.set_split_plan). CPU only; tests/test_gpu.py checks that the device scheduler writes the same
+arrays under every policy and that the GPU kernels give the reference result with pieces."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import cases
+import jax_mla
+from jax_mla import _ext
+from test_cpu import check_against_reference, check_schedule_invariants, run_kernel
+
+POLICIES = ("line", "pieces", "auto")
+OVERHEAD = 5  # cuda/common/config.h kFixedOverheadBlocks
+MARGIN = 20   # scheduler.h kPiecesMargin
+
+
+@pytest.fixture(autouse=True)
+def on_cpu():
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+@contextlib.contextmanager
+def split_plan(policy):
+    prev = _ext.set_split_plan(policy)
+    try:
+        yield
+    finally:
+        _ext.set_split_plan(prev)
+
+
+def blocks(seq_lens):
+    return np.array([-(-int(n) // cases.BLOCK_N) if n > 0 else 0 for n in seq_lens])
+
+
+def splits_of(schedule, b, num_parts):
+    s = np.asarray(schedule)
+    return np.diff(s[num_parts * 8:num_parts * 8 + b + 1])
+
+
+def smallest_piece_blocks(nb, num_parts):
+    """The pieces plan's B, by brute force: the smallest block count per piece for which every
+    non-empty request's pieces fit in the parts (None when they cannot: more requests than parts)."""
+    nb = nb[nb > 0]
+    if len(nb) == 0 or len(nb) > num_parts:
+        return None
+    return next(B for B in range(1, int(nb.max()) + 1) if (-(-nb // B)).sum() <= num_parts)
+
+
+def is_pieces_plan(schedule, seq_lens, num_parts):
+    """Whether the schedule is the pieces plan (see pieces_plan_properties for what that means)."""
+    nb = blocks(seq_lens)
+    B = smallest_piece_blocks(nb, num_parts)
+    return B is not None and (splits_of(schedule, len(seq_lens), num_parts) == -(-nb // B)).all()
+
+
+def check_pieces_plan(schedule, seq_lens, num_parts):
+    """The pieces plan: request r in ceil(nb / B) pieces (B the smallest that fits), one piece per
+    part, parts in request order from part 0, slot = part, pieces of a request differing by at most
+    one block; the parts after the last piece are empty."""
+    s = np.asarray(schedule)
+    b = len(seq_lens)
+    nb = blocks(seq_lens)
+    B = smallest_piece_blocks(nb, num_parts)
+    assert B is not None
+    splits = splits_of(s, b, num_parts)
+    np.testing.assert_array_equal(splits, -(-nb // B))
+    used = int(splits.sum())
+    assert used <= num_parts
+    info = s[:num_parts * 8].reshape(num_parts, 8)
+    sizes = {}
+    for p in range(num_parts):
+        begin_req, begin_block, end_req, end_block, begin_slot = info[p, :5]
+        if p >= used:
+            assert (begin_req, end_req) == (b, b - 1), f"part {p} past the pieces is not empty"
+            continue
+        assert begin_req == end_req and begin_slot == p, f"part {p}: {info[p, :5]}"
+        sizes.setdefault(int(begin_req), []).append(int(end_block - begin_block))
+    for r, sz in sizes.items():
+        assert max(sz) - min(sz) <= 1 and max(sz) <= B and min(sz) >= 1, (r, sz)
+
+
+def most_expensive_part(schedule, seq_lens, num_parts):
+    """The cost model's most expensive part: its blocks plus the overhead of every piece in it."""
+    s = np.asarray(schedule)
+    nb = blocks(seq_lens)
+    worst = 0
+    for p in range(num_parts):
+        begin_req, begin_block, end_req, end_block = s[p * 8:p * 8 + 4]
+        cost = 0
+        for r in range(begin_req, end_req + 1):
+            lo = begin_block if r == begin_req else 0
+            hi = end_block if r == end_req else nb[r]
+            if hi > lo:
+                cost += hi - lo + OVERHEAD
+        worst = max(worst, cost)
+    return worst
+
+
+def random_batches(seed, count):
+    rng = np.random.default_rng(seed)
+    kinds = np.array([0, 1, 63, 64, 65, 500, 1024, 4096, 30000])
+    for _ in range(count):
+        b = int(rng.choice([1, 2, 3, 5, 16, 33, 70]))
+        lens = np.where(rng.random(b) < 0.5, rng.choice(kinds, b), rng.integers(0, 20000, b))
+        yield lens.astype(np.int32)
+    for b in (1, 16, 64):  # uniform, with and without empty requests
+        yield np.full(b, 1024, np.int32)
+        yield np.where(np.arange(b) % 5 == 2, 0, 4096).astype(np.int32)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_policy_gives_a_valid_plan(seed):
+    """Every (request, block) once, slots contiguous, combine list right, under all three
+    policies; pieces where it applies is the pieces plan, auto is one of the two plans, and the
+    op's schedule (decode_schedule) is the host planner's under the policy in force."""
+    for seq_lens in random_batches(500 + seed, 6):
+        for num_parts in (1, 3, 7, 66, 132):
+            plans = {pol: np.asarray(_ext.plan_schedule(seq_lens, num_parts, pol)) for pol in POLICIES}
+            for pol, sched in plans.items():
+                check_schedule_invariants(sched, seq_lens, num_parts)
+                with split_plan(pol):
+                    op = jax_mla.decode_schedule(seq_lens, num_heads=64, num_parts=num_parts)
+                    np.testing.assert_array_equal(np.asarray(op), sched, err_msg=f"{pol} {num_parts}")
+            applies = smallest_piece_blocks(blocks(seq_lens), num_parts) is not None
+            if applies:
+                check_pieces_plan(plans["pieces"], seq_lens, num_parts)
+            else:
+                np.testing.assert_array_equal(plans["pieces"], plans["line"])
+            assert any(np.array_equal(plans["auto"], plans[p]) for p in ("line", "pieces"))
+
+
+def line_estimate(seq_lens, num_parts):
+    """The line's most expensive part as auto estimates it (scheduler.h part_width and
+    line_part_cost): W = ceil(total / num_parts) units, or the whole-request width of a uniform
+    batch when it is at most 1/20 wider; W + overhead unless the parts hold whole requests."""
+    nb = blocks(seq_lens)
+    costs = nb[nb > 0] + OVERHEAD
+    w = max(1, -(-int(costs.sum()) // num_parts))
+    if len(costs) and costs.min() == costs.max():
+        c = int(costs.max())
+        whole = -(-w // c) * c
+        if (whole - w) * 20 <= w:
+            return whole
+    return w + OVERHEAD
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_auto_picks_pieces_exactly_when_clearly_cheaper(seed):
+    """auto's rule: pieces exactly when they apply and their most expensive part, B + overhead, is
+    at least 1/20 cheaper than the line's estimate; and the estimate bounds the line's real parts."""
+    for seq_lens in random_batches(600 + seed, 8):
+        for num_parts in (3, 7, 66, 132):
+            line = np.asarray(_ext.plan_schedule(seq_lens, num_parts, "line"))
+            auto = np.asarray(_ext.plan_schedule(seq_lens, num_parts, "auto"))
+            assert most_expensive_part(line, seq_lens, num_parts) <= line_estimate(seq_lens, num_parts)
+            B = smallest_piece_blocks(blocks(seq_lens), num_parts)
+            wins = B is not None and (B + OVERHEAD) * (MARGIN + 1) <= line_estimate(seq_lens, num_parts) * MARGIN
+            if wins:
+                check_pieces_plan(auto, seq_lens, num_parts)
+            else:
+                np.testing.assert_array_equal(auto, line, err_msg=f"{seq_lens} {num_parts}")
+
+
+def test_auto_plans_of_the_benchmark_configs():
+    """The cost model on the benchmark's low-latency configurations (default part counts: 66 for
+    h_q = 128, 132 for h_q <= 64): b16/1K takes pieces (4 per request, parts of 4 + 5 units against
+    up to 6 + 5 on the line); b1/32K, b32/h64/4K and b64/h16/8K stay on the line (within the 1/20
+    margin); b128/4K keeps its whole-request parts (more requests than parts)."""
+    def plan(lens, parts):
+        lens = np.asarray(lens, np.int32)
+        return np.asarray(_ext.plan_schedule(lens, parts, "auto")), lens
+    s, lens = plan([1024] * 16, 66)
+    check_pieces_plan(s, lens, 66)
+    assert (splits_of(s, 16, 66) == 4).all() and most_expensive_part(s, lens, 66) == 4 + OVERHEAD
+    assert most_expensive_part(np.asarray(_ext.plan_schedule(lens, 66, "line")), lens, 66) == 6 + OVERHEAD
+    for lens, parts in (([32768], 66), ([4096] * 32, 132), ([8192] * 64, 132), ([4096] * 128, 66)):
+        s, lens = plan(lens, parts)
+        np.testing.assert_array_equal(s, _ext.plan_schedule(lens, parts, "line"))
+    s, lens = plan([4096] * 128, 66)
+    assert (splits_of(s, 128, 66) == 1).all()
+
+
+def test_pieces_plan_check_can_fail():
+    seq_lens = np.array([1000, 0, 3000, 64], np.int32)
+    good = np.asarray(_ext.plan_schedule(seq_lens, 20, "pieces"))
+    check_pieces_plan(good, seq_lens, 20)
+    line = np.asarray(_ext.plan_schedule(seq_lens, 20, "line"))
+    with pytest.raises(AssertionError):
+        check_pieces_plan(line, seq_lens, 20)
+    bad = good.copy()
+    bad[1 * 8 + 3] -= 1  # part 1 ends a block early, part 2 does not start there
+    bad[2 * 8 + 1] -= 1
+    with pytest.raises(AssertionError):
+        check_pieces_plan(bad, seq_lens, 20)
+
+
+@pytest.mark.parametrize("case", [
+    cases.Case(lens=(1024,) * 5, h_q=16, page_size=64, seed=41),
+    cases.Case(lens=(3000, 0, 64, 1, 700), s_q=2, h_q=4, page_size=16, causal=True, seed=42),
+    cases.Case(lens=(5000, 130), s_q=3, h_q=3, page_size=128, dtype="float16", seed=43),
+], ids=lambda c: c.id)
+def test_cpu_kernel_with_pieces_matches_reference(case):
+    """The CPU kernel on pieces plans (in-op and precomputed schedule) gives the reference result,
+    and the same as on the line up to float rounding."""
+    data = cases.make(case)
+    with split_plan("pieces"):
+        sched = jax_mla.decode_schedule(data.seq_lens, num_heads=case.h_q, seq_q=case.s_q, num_parts=40)
+        assert is_pieces_plan(sched, data.seq_lens, 40)
+        for schedule in (sched, None):
+            check_against_reference(data, *run_kernel(data, schedule=schedule))
+
+
+def test_cpu_rejects_a_schedule_of_the_other_plan():
+    """A precomputed schedule carries its plan; the CPU handler, which checks it against its own,
+    names the policy in its error when they differ."""
+    data = cases.make(cases.Case(lens=(1024,) * 4, h_q=16, page_size=64, seed=44))
+    with split_plan("pieces"):
+        sched = jax_mla.decode_schedule(data.seq_lens, num_heads=16, num_parts=16)
+    assert not np.array_equal(np.asarray(sched), _ext.plan_schedule(data.seq_lens, 16, "line"))
+    with split_plan("line"):
+        with pytest.raises(Exception, match="JAX_MLA_SPLIT_PLAN"):
+            jax.block_until_ready(run_kernel(data, schedule=sched))
+
+
+def test_set_split_plan_round_trip():
+    assert _ext.set_split_plan("pieces") == "env"
+    assert _ext.set_split_plan("line") == "pieces"
+    assert _ext.set_split_plan("auto") == "line"
+    with pytest.raises(ValueError, match="env, auto, line or pieces"):
+        _ext.set_split_plan("balanced")
+    assert _ext.set_split_plan("env") == "auto"
+    with pytest.raises(ValueError, match="auto, line or pieces"):
+        _ext.plan_schedule(np.array([5], np.int32), 2, "env")
+
+
+@pytest.mark.parametrize("value,policy", [("pieces", "pieces"), ("line", "line"), ("", "auto"),
+                                          ("Pieces", "auto")])
+def test_environment_variable(value, policy):
+    """JAX_MLA_SPLIT_PLAN, read once per process; an unknown value falls back to auto with a warning."""
+    code = ("import numpy as np; from jax_mla import _ext; l = np.array([1024] * 16, np.int32); "
+            "s = _ext.plan_schedule(l, 66); "
+            "print([p for p in ('auto', 'line', 'pieces') if (s == _ext.plan_schedule(l, 66, p)).all()])")
+    env = dict(os.environ, JAX_MLA_SPLIT_PLAN=value)
+    proc = subprocess.run([sys.executable, "-P", "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert policy in proc.stdout
+    if policy == "line":
+        assert "pieces" not in proc.stdout
+    assert ("not one of auto, line, pieces" in proc.stderr) == (value == "Pieces")
