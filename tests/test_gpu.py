@@ -385,21 +385,24 @@ def test_negative_length_gives_nan_for_that_request_only():
     assert (out[0].astype(np.float32) == 0).all() and (lse[0] == -np.inf).all()
 
 
-@pytest.mark.parametrize("h_q", [64, 128])
-def test_requested_sm90_merge_ran(h_q):
+@pytest.mark.parametrize("h_q,b", [(64, 3), (128, 3), (64, 200)])
+def test_requested_sm90_merge_ran(h_q, b):
     """The SM90 split merge that was asked for ran, on a call with split requests (one row block at
     h_q 64, two at 128). JAX_MLA_SM90_MERGE=fused: the decode kernel merged them itself
     (cuda/sm90/split_merge.cuh); combine (tests/test_gpu_merge.py runs this file so): the combine
-    kernel did; auto (the default): fused at two row blocks, combine at one. A misspelt or unread
-    variable, or a launcher that never finds the grid fitting, fails here instead of passing on the
-    other path."""
+    kernel did; auto (the default): fused at two row blocks or at most num_parts requests, combine
+    for one row block of more requests (b = 200 against 132 parts on an H100 or H200). A misspelt or unread variable, or a launcher that never finds the grid fitting, fails here
+    instead of passing on the other path."""
     info = jax_mla.kernel_info()
     if tuple(info.get("compute_capability") or ()) != (9, 0):
         pytest.skip("the fused merge is an SM90 kernel path")
-    data = cases.make(cases.Case(lens=(5000, 77, 0), h_q=h_q, seed=31))
+    lens = (5000, 77, 0) if b == 3 else tuple(np.random.default_rng(32).integers(0, 3000, b))
+    data = cases.make(cases.Case(lens=lens, h_q=h_q, seed=31))
+    num_parts = jax_mla._api.default_num_parts(1, h_q)
+    assert b <= num_parts if b == 3 else b > num_parts
     before = _ext.cuda_call_stats().get("sm90_fused_merge_launches", 0)
     check(data, *run_gpu(data, kernel="sm90"))
     fused = _ext.cuda_call_stats().get("sm90_fused_merge_launches", 0) - before
     mode = os.environ.get("JAX_MLA_SM90_MERGE") or "auto"
-    expected = {"combine": 0, "fused": 1, "auto": int(h_q > 64)}[mode]
-    assert fused == expected, (mode, h_q)
+    expected = {"combine": 0, "fused": 1, "auto": int(h_q > 64 or b <= num_parts)}[mode]
+    assert fused == expected, (mode, h_q, b)

@@ -20,7 +20,9 @@
 //    ceil(nb(r) / B) pieces of (almost) equal block counts, one piece per part, parts in request
 //    order; B is the smallest block count for which all pieces fit in the parts. Every part then
 //    costs at most B + overhead. Where W is small against the overhead this is much less: b16/1K
-//    over 66 parts has W = 6 and parts of up to 6 + 5 units on the line, 4 + 5 with pieces.
+//    over 66 parts has W = 6 and parts of up to 6 + 5 units on the line, 4 + 5 with pieces. Where
+//    it is not, pieces still cut requests more evenly: b32/h64/4K over 132 parts is 4 pieces of 16
+//    blocks per request, against 4 or 5 pieces on the line (152 partials instead of 128).
 // Every function below is a closed form over the prefix sums C[r] and split_offsets (no
 // sequential walk), which is what lets the GPU compute it with one thread per part / per request.
 //
@@ -116,8 +118,8 @@ MLA_HOST_DEVICE int64_t part_width(int64_t total, int num_parts, int min_cost, i
 }
 
 // The split-plan policy (JAX_MLA_SPLIT_PLAN, cuda/ffi/split_plan_policy.h): auto (default) picks
-// pieces when their most expensive part is clearly cheaper than the line's; line and pieces force
-// one (pieces only where it applies: 1 .. num_parts non-empty requests).
+// pieces when their most expensive part costs no more than the line's (pieces_preferred); line and
+// pieces force one (pieces only where it applies: 1 .. num_parts non-empty requests).
 enum class SplitPlanPolicy : int { kAuto = 0, kLine = 1, kPieces = 2 };
 
 // How the parts cut the batch (see the cost model above).
@@ -163,13 +165,14 @@ MLA_HOST_DEVICE int64_t line_part_cost(int64_t width, const CostSummary& s) {
   return whole ? width : width + kFixedOverheadBlocks;
 }
 
-// auto picks pieces only when their most expensive part is at least 1/kPiecesMargin cheaper than
-// the line's, so that near-ties keep the line (which uses every part and splits fewer requests).
-inline constexpr int kPiecesMargin = 20;
-
+// auto picks pieces when their most expensive part costs no more than the line's estimate, ties
+// included: pieces split requests into fewer, equal pieces and no part straddles two requests,
+// which the cost model does not count. Measured on an H100 (docs/performance.md, seventeenth
+// session, each config in one process, pieces against line): b1/32K (13 units both) 1-3% faster,
+// b32/h64/4K (21 against 22) 3-13%, b64/h16/8K (69 against 70) 2-5%, b16/1K (9 against 11) 1-4%.
 MLA_HOST_DEVICE bool pieces_preferred(SplitPlanPolicy policy, int64_t piece_blocks, int64_t line_cost) {
   if (policy != SplitPlanPolicy::kAuto) return policy == SplitPlanPolicy::kPieces;
-  return (piece_blocks + kFixedOverheadBlocks) * (kPiecesMargin + 1) <= line_cost * kPiecesMargin;
+  return piece_blocks + kFixedOverheadBlocks <= line_cost;
 }
 
 // The plan for a batch of total_cost units. pieces_total(B) must return sum_r pieces_of(nb(r), B)
