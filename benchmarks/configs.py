@@ -59,3 +59,24 @@ CONFIGS = [
     Config("b128_sq1_h128_varied", 128, 1, 128, None, varied_mean=4096, best_isolated_us=250.0,
            best_graph_us=269.7),
 ]
+
+# Beyond the facts file's seven: shapes the split plans and the merge policy treat differently, with
+# no reference time (their "x best" is nan). Timed only when named exactly in --only.
+#  - b16/h128 and b32/h64 with varied lengths: small non-uniform batches, where the pieces plan
+#    applies (at most num_parts requests) but the uniform-only whole-request rule does not;
+#  - b200/h64 and b256/h16 with varied lengths: one row block and more requests than parts, the
+#    line plans that JAX_MLA_SM90_MERGE=auto keeps on the combine kernel (not measured fused).
+EXTRA_CONFIGS = [
+    Config("b16_sq1_h128_varied2k", 16, 1, 128, None, varied_mean=2048),
+    Config("b32_sq1_h64_varied", 32, 1, 64, None, varied_mean=4096),
+    Config("b200_sq1_h64_varied", 200, 1, 64, None, varied_mean=4096),
+    Config("b256_sq1_h16_varied", 256, 1, 16, None, varied_mean=4096),
+]
+
+
+def find(name: str) -> Config:
+    """The configuration of that exact name, among CONFIGS and EXTRA_CONFIGS."""
+    for c in CONFIGS + EXTRA_CONFIGS:
+        if c.name == name:
+            return c
+    raise KeyError(f"no benchmark configuration {name!r}; known: {[c.name for c in CONFIGS + EXTRA_CONFIGS]}")

@@ -18,12 +18,12 @@ import numpy as np  # noqa: E402
 
 import jax_mla  # noqa: E402
 from bench_decode import build_inputs  # noqa: E402
-from configs import CONFIGS  # noqa: E402
+import configs  # noqa: E402
 
 
 def main() -> int:
     name = sys.argv[1] if len(sys.argv) > 1 else "b128_sq1_h128_4k"
-    cfg = next(c for c in CONFIGS if c.name == name)
+    cfg = configs.find(name)
     q, cache, tables, seq_lens = build_inputs(cfg, np.random.default_rng(0), jax.numpy, np, 2, 2)
     parts = int(os.environ.get("PROFILE_NUM_PARTS", "0"))  # 0: the op plans with the default part count
 

@@ -236,9 +236,9 @@ def main() -> int:
     import jax.numpy as jnp
     import jax_mla
     from bench_decode import build_inputs
-    from configs import CONFIGS
+    import configs
 
-    cfg = next(c for c in CONFIGS if c.name == args.config)
+    cfg = configs.find(args.config)
     calls = args.calls
     # As the benchmark: consecutive calls read disjoint page sets, so none finds its KV in L2.
     kv_bytes = float(cfg.seq_lens().sum()) * 576 * 2

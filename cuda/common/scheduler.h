@@ -198,16 +198,21 @@ MLA_HOST_DEVICE PartPlan choose_part_plan(SplitPlanPolicy policy, int64_t total_
   return plan;
 }
 
-// Index of the request that owns cost unit x: the r with C[r] <= x < C[r+1], C being the
-// exclusive prefix sum of request_cost (length batch + 1). Requires 0 <= x < C[batch].
-MLA_HOST_DEVICE int request_of_unit(const int64_t* C, int batch, int64_t x) {
+// The request whose range of an exclusive prefix sum (length batch + 1) holds x: the largest r
+// with prefix[r] <= x, so prefix[r] <= x < prefix[r + 1], a request with a non-empty range.
+// Requires 0 <= x < prefix[batch].
+template <class T>
+MLA_HOST_DEVICE int request_holding(const T* prefix, int batch, int64_t x) {
   int lo = 0, hi = batch;  // answer in [lo, hi)
   while (hi - lo > 1) {
     const int mid = (lo + hi) >> 1;
-    if (C[mid] <= x) lo = mid; else hi = mid;
+    if (prefix[mid] <= x) lo = mid; else hi = mid;
   }
   return lo;
 }
+
+// Index of the request that owns cost unit x: C is the exclusive prefix sum of request_cost.
+MLA_HOST_DEVICE int request_of_unit(const int64_t* C, int batch, int64_t x) { return request_holding(C, batch, x); }
 
 // Line: the part holding the first KV block of request r (r must have nb(r) > 0).
 MLA_HOST_DEVICE int64_t first_part_of(const int64_t* C, int r, int64_t w) {
@@ -242,15 +247,10 @@ MLA_HOST_DEVICE int block_at_unit(const int64_t* C, int r, int64_t x) {
   return static_cast<int>(b);
 }
 
-// Pieces: the request whose pieces hold part p, the r with split_offsets[r] <= p <
-// split_offsets[r + 1] (a non-empty request: empty ones own no slot). Requires p < split_offsets[batch].
+// Pieces: the request whose pieces hold part p (= slot p; empty requests own no slot).
+// Requires p < split_offsets[batch].
 MLA_HOST_DEVICE int request_of_slot(const int32_t* split_offsets, int batch, int p) {
-  int lo = 0, hi = batch;  // answer in [lo, hi)
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (split_offsets[mid] <= p) lo = mid; else hi = mid;
-  }
-  return lo;
+  return request_holding(split_offsets, batch, p);
 }
 
 // Part p's PartInfo. split_offsets (b + 1) must be complete: with pieces, part p is slot p.
