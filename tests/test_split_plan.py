@@ -245,17 +245,28 @@ def test_set_split_plan_round_trip():
         _ext.plan_schedule(np.array([5], np.int32), 2, "env")
 
 
+# Two batches on which the policies differ: auto takes pieces on the first (b16/1K over 66 parts)
+# and the line on the second (over 16 parts), so every policy gives a different pair of plans.
+ENV_BATCHES = (([1024] * 16, 66), ([2559, 3776, 4752, 175, 721, 4114], 16))
+
+
 @pytest.mark.parametrize("value,policy", [("pieces", "pieces"), ("line", "line"), ("", "auto"),
                                           ("Pieces", "auto")])
 def test_environment_variable(value, policy):
     """JAX_MLA_SPLIT_PLAN, read once per process; an unknown value falls back to auto with a warning."""
-    code = ("import numpy as np; from jax_mla import _ext; l = np.array([1024] * 16, np.int32); "
-            "s = _ext.plan_schedule(l, 66); "
-            "print([p for p in ('auto', 'line', 'pieces') if (s == _ext.plan_schedule(l, 66, p)).all()])")
+    plans = {p: [np.asarray(_ext.plan_schedule(np.array(l, np.int32), n, p)) for l, n in ENV_BATCHES]
+             for p in POLICIES}
+    for p in POLICIES:  # the check below can tell every policy from the others
+        for q in POLICIES:
+            assert p == q or any(not np.array_equal(x, y) for x, y in zip(plans[p], plans[q])), (p, q)
+    code = ("import numpy as np, sys; from jax_mla import _ext; "
+            f"batches = {ENV_BATCHES!r}; "
+            "ok = all((_ext.plan_schedule(np.array(l, np.int32), n) == "
+            "_ext.plan_schedule(np.array(l, np.int32), n, sys.argv[1])).all() for l, n in batches); "
+            "print('same' if ok else 'different')")
     env = dict(os.environ, JAX_MLA_SPLIT_PLAN=value)
-    proc = subprocess.run([sys.executable, "-P", "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-P", "-c", code, policy], env=env, capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert policy in proc.stdout
-    if policy == "line":
-        assert "pieces" not in proc.stdout
+    assert proc.stdout.strip() == "same", (value, policy, proc.stdout)
     assert ("not one of auto, line, pieces" in proc.stderr) == (value == "Pieces")
