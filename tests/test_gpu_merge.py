@@ -22,12 +22,15 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 @pytest.mark.parametrize("mode", ["combine", "fused"])
 def test_forced_merge_matches_reference(tmp_path, mode):
-    # 300 s, well under a device call's 600 (the whole file took 52 s on an H100). A fused merge
+    # 300 s, well under a device call's 600 (the whole file took 52 s on an H100 in the sixteenth
+    # session, 77 s in the seventeenth with the schedule test's three policies). A fused merge
     # that deadlocks traps after 10 s per call (split_merge.cuh kMergeTimeoutNs).
     env = dict(os.environ, JAX_MLA_SM90_MERGE=mode, JAX_MLA_GPU_KERNELS="auto")
     env.pop("JAX_MLA_KERNEL", None)
+    # The device scheduler's equality with the host plan does not depend on the merge (and is a
+    # quarter of the file's time since it covers every split-plan policy): run once, by test_gpu.py.
     proc = subprocess.run([sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
-                           os.path.join(TESTS, "test_gpu.py")], cwd=str(tmp_path), env=env, capture_output=True,
-                          text=True, timeout=300)
+                           "-k", "not device_schedule_equals_host_plan", os.path.join(TESTS, "test_gpu.py")],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
     assert " passed" in proc.stdout and " failed" not in proc.stdout
