@@ -126,7 +126,10 @@ def decode_schedule(seq_lens, *, num_heads, seq_q=1, num_parts=None):
     layer's mla_decode saves the per-call scheduling work. The schedule is an int32 array of
     shape (num_parts * 8 + 2 * b + 3,) (format: cuda/common/scheduler.h: per part its range of
     (request, KV block), per request its partial-result slots, and the list of requests the
-    combine step merges); it only decides how work is split, never the result.
+    combine step merges); it only decides how work is split, never the result (up to float
+    rounding). How the batch is cut, the "line" or equal "pieces" per request, follows the
+    process-wide JAX_MLA_SPLIT_PLAN (auto by default; README, "Split-KV schedule"), read when the
+    schedule is computed: on CPU, mla_decode rejects a schedule made under another setting.
 
     Args:
       seq_lens: (b,) int32, the same array later passed to mla_decode.
