@@ -94,14 +94,21 @@ std::string set_sm90_merge(const std::string& mode) {
 #endif
 }
 
+// The SplitPlanPolicy named `name` ("env": -1, where `what` accepts it); ValueError otherwise.
+int split_plan_arg(const std::string& name, const char* what, bool env_allowed) {
+  if (env_allowed && name == "env") return -1;
+  const int i = jax_mla::split_plan_index(name.c_str());
+  if (i < 0) {
+    throw nb::value_error((std::string(what) + " must be " + (env_allowed ? "env, " : "") +
+                           "auto, line or pieces, not '" + name + "'").c_str());
+  }
+  return i;
+}
+
 // "env" (JAX_MLA_SPLIT_PLAN decides), "auto", "line" or "pieces": how later schedules of this process
 // cut the batch into parts (common/scheduler.h); returns the previous setting.
 std::string set_split_plan(const std::string& mode) {
-  const int i = mode == "env" ? -1 : jax_mla::split_plan_index(mode.c_str());
-  if (i < 0 && mode != "env") {
-    throw nb::value_error(("set_split_plan: mode must be env, auto, line or pieces, not '" + mode + "'").c_str());
-  }
-  const int prev = jax_mla::set_split_plan_override(i);
+  const int prev = jax_mla::set_split_plan_override(split_plan_arg(mode, "set_split_plan: mode", true));
   return prev < 0 ? "env" : jax_mla::kSplitPlanNames[prev];
 }
 
@@ -148,12 +155,9 @@ using Schedule = nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>;                  
 // Host reference planner (scheduler.h): the exact array jax_mla_decode_schedule produces.
 // policy: "auto", "line" or "pieces"; None: the policy in force (set_split_plan, JAX_MLA_SPLIT_PLAN).
 Schedule plan_schedule(SeqLens seq_lens, int num_parts, std::optional<std::string> policy) {
-  jax_mla::SplitPlanPolicy plan_policy = jax_mla::split_plan_policy();
-  if (policy) {
-    const int i = jax_mla::split_plan_index(policy->c_str());
-    if (i < 0) throw nb::value_error(("plan_schedule: policy must be auto, line or pieces, not '" + *policy + "'").c_str());
-    plan_policy = static_cast<jax_mla::SplitPlanPolicy>(i);
-  }
+  const jax_mla::SplitPlanPolicy plan_policy =
+      policy ? static_cast<jax_mla::SplitPlanPolicy>(split_plan_arg(*policy, "plan_schedule: policy", false))
+             : jax_mla::split_plan_policy();
   const int64_t batch = static_cast<int64_t>(seq_lens.shape(0));
   check_sizes(batch, num_parts);
   if (batch > INT32_MAX) throw nb::value_error("batch must fit in int32");

@@ -158,8 +158,8 @@ __device__ __forceinline__ void merge_rows(const DecodeParams& p, int request, i
 
 // Piece `piece` (0 .. n - 1) of a (request, row block) with rows_valid rows, after every piece has
 // arrived: merge its share of the rows, R = ceil(rows_valid / n) of them. Many rows per piece
-// (b16/1K: ~13 of 64 over 5 pieces): one warp per row, 8 rows at a time, 4 splits' loads in flight;
-// a few: two warps per row; one row (b1/32K: 66 pieces): all 8 warps on it, 32 splits in flight.
+// (b16/1K: 16 of 64 over 4 pieces): one warp per row, 8 rows at a time, 4 splits' loads in flight;
+// a few: two warps per row; one row (b1/32K: 64 pieces): all 8 warps on it, 32 splits in flight.
 template <typename Element>
 __device__ __forceinline__ void merge_piece_rows(const DecodeParams& p, int request, int m_block, int rows_valid,
                                                  int first_slot, int n, int piece, int thread) {
