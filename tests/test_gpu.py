@@ -400,9 +400,10 @@ def test_requested_sm90_merge_ran(h_q, b):
     """The SM90 split merge that was asked for ran, on a call with split requests (one row block at
     h_q 64, two at 128). JAX_MLA_SM90_MERGE=fused: the decode kernel merged them itself
     (cuda/sm90/split_merge.cuh); combine (tests/test_gpu_merge.py runs this file so): the combine
-    kernel did; auto (the default): fused at two row blocks or at most num_parts requests, combine
-    for one row block of more requests (b = 200 against 132 parts on an H100 or H200). A misspelt or unread variable, or a launcher that never finds the grid fitting, fails here
-    instead of passing on the other path."""
+    kernel did; auto (the default): fused wherever it fits, also at one row block of more requests
+    than parts (b = 200 against 132 parts on an H100 or H200), which auto kept on combine until the
+    eighteenth session. A misspelt or unread variable, or a launcher that never finds the grid
+    fitting, fails here instead of passing on the other path."""
     info = jax_mla.kernel_info()
     if tuple(info.get("compute_capability") or ()) != (9, 0):
         pytest.skip("the fused merge is an SM90 kernel path")
@@ -414,5 +415,5 @@ def test_requested_sm90_merge_ran(h_q, b):
     check(data, *run_gpu(data, kernel="sm90"))
     fused = _ext.cuda_call_stats().get("sm90_fused_merge_launches", 0) - before
     mode = os.environ.get("JAX_MLA_SM90_MERGE") or "auto"
-    expected = {"combine": 0, "fused": 1, "auto": int(h_q > 64 or b <= num_parts)}[mode]
+    expected = {"combine": 0, "fused": 1, "auto": 1}[mode]
     assert fused == expected, (mode, h_q, b)

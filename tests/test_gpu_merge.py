@@ -1,6 +1,6 @@
 """The SM90 split merge's forced modes. By default (JAX_MLA_SM90_MERGE=auto) the decode kernel merges
-split requests itself (cuda/sm90/split_merge.cuh) in calls of two or more row blocks and the combine
-kernel merges them in calls of one, so test_gpu.py covers each path on part of its cases. Here
+split requests itself (cuda/sm90/split_merge.cuh) wherever its grid fits, and the combine kernel
+merges the others, so test_gpu.py covers the combine kernel on few of its cases. Here
 tests/test_gpu.py's SM90 cases (the sweep, the large cases, many splits, empty and negative lengths,
 bit-identical repeats) run again with combine (always the combine kernel) and with fused (the
 decode kernel wherever its grid fits, one row block included), each in a subprocess since the CUDA

@@ -134,14 +134,15 @@ struct ProcessEnv {
   bool sm90_grouped_copies = true;
   // JAX_MLA_SM90_MERGE: auto (default) | fused | combine. fused: split requests are merged by the
   // decode kernel itself wherever its grid fits on the GPU at once (cuda/sm90/split_merge.cuh);
-  // combine: always by the combine kernel; auto: fused for calls of two or more row blocks
-  // (s_q * h_q > 64) and for calls of at most num_parts requests (where the pieces split plan can
-  // apply), combine for the others. On an H100 (docs/performance.md, each pair in one process):
-  // sixteenth session, line plans: fused 1-5% faster on b16/1K, b128/4K and varied, level on
-  // b1/32K (all two row blocks), 2-4% slower on b32/h64/4K (one row block, requests cut into 4 or
-  // 5 uneven pieces) in all four pairs; seventeenth session, pieces plans: fused 3-5% faster on
-  // b32/h64/4K and 2% on b64/h16/8K (both one row block). One-row-block calls of more requests than
-  // parts (line plans) are not measured fused, and stay on combine. combine is also the escape
+  // combine: always by the combine kernel; auto: the measured choice, today fused wherever it
+  // fits, as `fused`. On an H100 (docs/performance.md, each pair in one process): sixteenth
+  // session, line plans: fused 1-5% faster on b16/1K, b128/4K and varied, level on b1/32K (all two
+  // row blocks), 2-4% slower on b32/h64/4K (one row block, requests cut into 4 or 5 uneven pieces;
+  // the pieces plan now takes that batch) in all four pairs; seventeenth session, pieces plans:
+  // fused 3-5% faster on b32/h64/4K and 2% on b64/h16/8K (both one row block); eighteenth session,
+  // one row block of more requests than parts (line plans, b200/h64 and b256/h16 with varied
+  // lengths): fused 0.7-1.1% faster in all four pairs, and level on b32/h64 varied (line, 32
+  // requests). Until the eighteenth, auto kept such calls on combine. combine is also the escape
   // hatch where the grid's CTAs may not all be resident at once although the SM count says so (an
   // MPS client limited to fewer SMs, another kernel holding SMs for seconds): the merge's wait
   // traps after 10 s instead of hanging.
@@ -342,8 +343,7 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   const int merge_override = g_sm90_merge_override.load(std::memory_order_relaxed);
   // The launcher keeps it only where it fits.
   const int merge_mode = merge_override >= 0 ? merge_override : process_env().sm90_merge_mode;
-  p.fused_merge = merge_mode == kSm90MergeFused ||
-                  (merge_mode == kSm90MergeAuto && (num_row_blocks(p.rows) >= 2 || p.batch <= p.num_parts));
+  p.fused_merge = merge_mode == kSm90MergeFused || merge_mode == kSm90MergeAuto;
   p.split_plan = split_plan_policy();
   const LaunchStatus st =
       launch_decode_kernel(sel.kernel, p, reinterpret_cast<int32_t*>(ws + layout.schedule_offset), stream);

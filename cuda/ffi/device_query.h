@@ -26,8 +26,8 @@ struct CudaCallStats {
 CudaCallStats cuda_call_stats();
 
 // The SM90 split-merge mode of later decode calls in this process, overriding JAX_MLA_SM90_MERGE:
-// -1 back to the variable, 0 combine kernel, 1 fused (cuda/sm90/split_merge.cuh), 2 auto (fused for
-// calls of two or more row blocks or of at most num_parts requests; the default). For benchmarks
+// -1 back to the variable, 0 combine kernel, 1 fused (cuda/sm90/split_merge.cuh), 2 auto (the
+// default: the measured choice, today the same as fused). For benchmarks
 // that compare both in one process (benchmarks/bench_decode.py --merge). Returns the previous
 // override. A CUDA graph keeps the mode it was captured with.
 int set_sm90_merge_override(int mode);

@@ -1,6 +1,5 @@
 // In-kernel merge of split-KV partials (SM90 decode kernel, p.fused_merge; JAX_MLA_SM90_MERGE=auto,
-// the default, uses it for calls of two or more row blocks or of at most num_parts requests,
-// =fused wherever it fits; cuda_handler.cu).
+// the default, and =fused use it wherever it fits; cuda_handler.cu).
 //
 // Without it, every piece of a split request stores its fp32 partial (O normalised by its own sum,
 // and its LSE) and a second kernel (cuda/common/combine.cu) merges them once the whole decode grid
