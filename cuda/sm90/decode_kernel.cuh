@@ -240,9 +240,11 @@ __device__ __forceinline__ void rescale_o(float (&o)[128], const float (&alpha)[
   for (int k = 0; k < 128; ++k) o[k] *= alpha[(k >> 1) & 1];
 }
 
-// Per-row state of one consumer over one piece: the running max m (log2 units, the same in both
-// consumers after every tile) and this consumer's partial row sums l (its own tiles' P), which are
-// rescaled with O. l of both consumers add up to the softmax denominator in the epilogue.
+// Per-row state of one consumer over one piece: the reference max m (log2 units, the same in both
+// consumers after every tile; the running max itself unless DecodeParams::sm90_max_slack lets it
+// lag, see owner_step) and this consumer's partial row sums l (its own tiles' P), which are
+// rescaled with O. l of both consumers add up to the softmax denominator in the epilogue, whose LSE
+// is m + log2(l) for whichever reference m the sums were taken against.
 struct RowState {
   float m[2];
   float l[2];
@@ -266,7 +268,7 @@ template <typename Element, typename Shape>
 __device__ __forceinline__ void owner_step(SharedStorage<Element, Shape>& s, const TileCursor<Shape>& t,
                                            const RowCoords& rc, int consumer, const TileInfo& ti,
                                            const int (&visible)[2], int visible_min, float scale_log2,
-                                           ScoreFragment& sc, PFragment& pf, RowState& rs, float (&o)[128],
+                                           float max_slack, ScoreFragment& sc, PFragment& pf, RowState& rs, float (&o)[128],
                                            Tracer& tr) {
   const int thread = threadIdx.x % 128;
   if (ti.first_token + kBlockN > visible_min) mask_scores(sc, rc, ti.first_token, visible);
@@ -275,7 +277,10 @@ __device__ __forceinline__ void owner_step(SharedStorage<Element, Shape>& s, con
   float alpha[2], m_ref[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const float m_new = fmaxf(rs.m[i], tile_max[i]);
+    // rs.m is the reference (the running max when max_slack is 0): it moves to the tile's max only
+    // when that exceeds it by more than the slack, so with a slack most tiles keep alpha == 1
+    // exactly and rescale_o skips O. -inf + slack is -inf: a row's first key always sets it.
+    const float m_new = tile_max[i] > rs.m[i] + max_slack ? tile_max[i] : rs.m[i];
     alpha[i] = rescale_factor(rs.m[i], m_new);
     m_ref[i] = finite_or_zero(m_new);
     rs.m[i] = m_new;
@@ -395,7 +400,8 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, 
         wgmma_wait<0>();
         fence_operands(sc);
         tr.mark(kTrSDone);
-        owner_step<Element>(s, st, rc, consumer, ti, visible, visible_min, scale_log2, sc, pf, rs, o, tr);
+        owner_step<Element>(s, st, rc, consumer, ti, visible, visible_min, scale_log2, p.sm90_max_slack, sc, pf,
+                            rs, o, tr);
         tr.mark(kTrPvOwnIssued);
       } else {
         // Our own P V of the previous tile must be done before O is rescaled.
