@@ -250,10 +250,11 @@ struct RowState {
   float l[2];
 };
 
-// Where a tile sits in its request: which keys, whether it is the piece's last.
+// Where a tile sits in its request: which keys, whether it is the piece's first or last.
 struct TileInfo {
-  int first_token;  // key index of the tile's row 0
+  int first_token;     // key index of the tile's row 0
   int seq_len;
+  bool first_of_piece;  // O and the row sums are still the zeros of zero_accumulator
 };
 
 // alpha = exp2(m_old - m_new) with a finite reference point for rows that have seen no key yet
@@ -302,7 +303,9 @@ __device__ __forceinline__ void owner_step(SharedStorage<Element, Shape>& s, con
   tr.mark(kTrSoftmaxDone);
   // Our own P V reads the V rows this consumer's threads just zeroed: all of them must be done.
   if (last_tile) ptx::named_barrier_sync(kBarConsumer + consumer, 128);
-  rescale_o(o, alpha);
+  // The piece's first tile: alpha is 0 (the reference came from -inf) and O is still zero, so the
+  // rescale would multiply zeros; the vote in rescale_o cannot see that (alpha != 1).
+  if (!ti.first_of_piece) rescale_o(o, alpha);
   issue_pv<Element, Shape, true>(s, t, consumer, pf, o);
 }
 
@@ -329,7 +332,7 @@ __device__ __forceinline__ void other_step(SharedStorage<Element, Shape>& s, con
     ptx::fence_proxy_async_smem();
     ptx::named_barrier_sync(kBarConsumer + consumer, 128);
   }
-  rescale_o(o, alpha);
+  if (!ti.first_of_piece) rescale_o(o, alpha);  // as in owner_step: O is still zero
   issue_pv<Element, Shape, false>(s, t, consumer, pf, o);
 }
 
@@ -389,7 +392,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, 
     }
 #pragma unroll 1
     for (int blk = w.begin_block; blk < w.end_block; ++blk) {
-      const TileInfo ti{blk * kBlockN, seq_len};
+      const TileInfo ti{blk * kBlockN, seq_len, blk == w.begin_block};
       if (st.owner == consumer) {
         if (has_pending) {
           wgmma_wait<1>();  // the other's P V (older group) done; S may still run
