@@ -185,7 +185,8 @@ def main() -> int:
     from jax_mla import reference
 
     backend = jax.default_backend()
-    print(f"# jax {jax.__version__}, backend {backend}, device {jax.devices()[0].device_kind}", flush=True)
+    device_kind = jax.devices()[0].device_kind  # e.g. "NVIDIA H100 80GB HBM3": recorded in the JSON
+    print(f"# jax {jax.__version__}, backend {backend}, device {device_kind}", flush=True)
     info = jax_mla.kernel_info()
     print(f"# kernel={args.kernel!r}; kernel_info: {info}", flush=True)
     copy_gbps, mm_tflops = COPY_GBPS, MATMUL_TFLOPS
@@ -213,7 +214,8 @@ def main() -> int:
         if not args.json:
             return
         with open(args.json, "w") as f:
-            json.dump(dict(copy_gbps=copy_gbps, matmul_tflops=mm_tflops, kernel=args.kernel, partial=partial,
+            json.dump(dict(device_kind=device_kind, jax_version=jax.__version__, argv=sys.argv[1:],
+                           copy_gbps=copy_gbps, matmul_tflops=mm_tflops, kernel=args.kernel, partial=partial,
                            kernel_info={k: list(v) if isinstance(v, tuple) else v for k, v in info.items()},
                            rows=rows), f, indent=1)
 
