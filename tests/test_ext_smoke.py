@@ -236,3 +236,14 @@ def test_set_sm90_merge_round_trip():
         _ext.set_sm90_merge("fast")
     assert _ext.set_sm90_merge("env") == "auto"
     assert _ext.set_sm90_merge("env") == "env"
+
+
+def test_set_sm90_rescale_round_trip():
+    """_ext.set_sm90_rescale (the in-process A/B of the SM90 lazy rescale) returns the previous
+    setting, refuses unknown names, and is back at "env" afterwards."""
+    assert _ext.set_sm90_rescale("lazy") == "env"
+    assert _ext.set_sm90_rescale("exact") == "lazy"
+    with pytest.raises(ValueError, match="env, exact or lazy"):
+        _ext.set_sm90_rescale("fast")
+    assert _ext.set_sm90_rescale("env") == "exact"
+    assert _ext.set_sm90_rescale("env") == "env"

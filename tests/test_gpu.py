@@ -417,3 +417,65 @@ def test_requested_sm90_merge_ran(h_q, b):
     mode = os.environ.get("JAX_MLA_SM90_MERGE") or "auto"
     expected = {"combine": 0, "fused": 1, "auto": 1}[mode]
     assert fused == expected, (mode, h_q, b)
+
+
+def with_score_ramp(data, log2_per_tile):
+    """The case's data with every request's scores rising along its keys by about log2_per_tile
+    (log2 units) per 64-token tile: q's last RoPE column is set to 1 and each cached token's to a
+    ramp in its position, so each row's max grows tile after tile, by more than the lazy slack
+    every few tiles. Pages no request uses stay poisoned."""
+    case = data.case
+    q = data.q.copy()
+    q[..., -1] = 1
+    kv = data.kv_cache.copy()
+    step = log2_per_tile / 64 / np.log2(np.e) / data.scale  # added to k[-1] per token
+    page = case.page_size
+    for r, n in enumerate(case.lens):
+        for t in range(n):
+            kv[data.block_table[r, t // page], t % page, -1] = step * t
+    return cases.CaseData(case, q, kv, data.block_table, data.seq_lens, data.dense_kv)
+
+
+RESCALE_CASES = [
+    cases.Case(lens=(1000, 77, 0, 64), h_q=16, page_size=64, seed=41),
+    cases.Case(lens=(700, 300), h_q=128, page_size=16, seed=42),
+    cases.Case(lens=(513, 130), s_q=2, h_q=64, page_size=32, causal=True, seed=43),
+    cases.Case(lens=(900, 5), h_q=64, page_size=128, dtype="float16", seed=44),
+    # Large scores (scale 0.25: std ~6 in natural units), the reference moving on many tiles.
+    cases.Case(lens=(2000, 300), h_q=128, page_size=64, softmax_scale=0.25, seed=45),
+]
+
+
+@pytest.mark.parametrize("ramp", [0.0, 3.0])
+@pytest.mark.parametrize("case", RESCALE_CASES, ids=lambda c: c.id)
+def test_lazy_rescale_matches_reference(case, ramp):
+    """JAX_MLA_SM90_RESCALE=lazy (the softmax reference may lag the row max by 2^8) against the fp32
+    reference, on random scores and on scores ramping up along the keys (the reference then moves
+    every few tiles and P reaches up to 256). The exact mode's output differs from the lazy one in
+    its rounding, which proves the switch reached the kernel."""
+    info = jax_mla.kernel_info()
+    if tuple(info.get("compute_capability") or ()) != (9, 0):
+        pytest.skip("the lazy rescale is an SM90 kernel path")
+    data = cases.make(case)
+    if ramp:
+        data = with_score_ramp(data, ramp)
+    ref = reference_on_cpu(data)
+    def run_fresh():
+        # A new jit for each mode: its own executable, so a CUDA graph that XLA recorded under the
+        # other mode (the mode is read when the handler runs, and a graph replays its launch) can
+        # never stand in for this mode's call.
+        kw = dict(softmax_scale=case.softmax_scale, causal=case.causal, return_lse=True, kernel="sm90")
+        fn = jax.jit(lambda *a: jax_mla.mla_decode(*a, **kw))
+        out, lse = fn(*[jax.device_put(x, gpu()) for x in data.args])
+        return np.asarray(out), np.asarray(lse)
+
+    previous = _ext.set_sm90_rescale("lazy")
+    try:
+        lazy = run_fresh()
+        _ext.set_sm90_rescale("exact")
+        exact = run_fresh()
+    finally:
+        _ext.set_sm90_rescale(previous)
+    check(data, *lazy, ref=ref)
+    check(data, *exact, ref=ref)
+    assert not np.array_equal(lazy[0], exact[0]), "lazy and exact rescale gave bit-identical outputs"

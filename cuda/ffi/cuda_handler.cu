@@ -86,6 +86,9 @@ std::atomic<long long> g_sm90_fused_merge_launches{0};
 // JAX_MLA_SM90_MERGE's values, in env_choice order.
 constexpr int kSm90MergeCombine = 0, kSm90MergeFused = 1, kSm90MergeAuto = 2;
 std::atomic<int> g_sm90_merge_override{-1};  // set_sm90_merge_override: -1 = JAX_MLA_SM90_MERGE, else a mode
+// JAX_MLA_SM90_RESCALE's values, in env_choice order.
+constexpr int kSm90RescaleExact = 0, kSm90RescaleLazy = 1;
+std::atomic<int> g_sm90_rescale_override{-1};  // set_sm90_rescale_override: -1 = JAX_MLA_SM90_RESCALE
 std::atomic<long long> g_sm90_transposed_launches{0};
 
 // Whether the SM90 kernel uses row-block clusters by default (measured slower: docs/performance.md v5).
@@ -147,6 +150,11 @@ struct ProcessEnv {
   // MPS client limited to fewer SMs, another kernel holding SMs for seconds): the merge's wait
   // traps after 10 s instead of hanging.
   int sm90_merge_mode = kSm90MergeAuto;
+  // JAX_MLA_SM90_RESCALE: exact (default) | lazy. lazy lets a row's softmax reference lag its
+  // score max by up to kLazyRescaleSlack (DecodeParams::sm90_max_slack), so most tiles skip the
+  // rescale of O (cuda/sm90/decode_kernel.cuh owner_step). Same results up to rounding; not yet
+  // measured faster (eighteenth session).
+  int sm90_rescale_mode = kSm90RescaleExact;
 };
 
 const ProcessEnv& process_env() {
@@ -158,7 +166,7 @@ const ProcessEnv& process_env() {
     e.self_check = c ? c : "";
     e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
     // Tuning switches (not semantics): JAX_MLA_SM90_CLUSTER, JAX_MLA_KV_L2_HINT, JAX_MLA_SM90_GRID,
-    // JAX_MLA_SM90_NARROW, JAX_MLA_SM90_KV_COPY, JAX_MLA_SM90_MERGE.
+    // JAX_MLA_SM90_NARROW, JAX_MLA_SM90_KV_COPY, JAX_MLA_SM90_MERGE, JAX_MLA_SM90_RESCALE.
     const int cluster = env_choice("JAX_MLA_SM90_CLUSTER", {"0", "1", "placement"}, -1);
     if (cluster >= 0) e.sm90_cluster = cluster == 0 ? 0 : 1;
     e.sm90_cluster_placement = cluster == 2;
@@ -172,6 +180,7 @@ const ProcessEnv& process_env() {
                    static_cast<int>(e.sm90_small_rows)));
     e.sm90_grouped_copies = env_choice("JAX_MLA_SM90_KV_COPY", {"box", "group"}, e.sm90_grouped_copies ? 1 : 0) == 1;
     e.sm90_merge_mode = env_choice("JAX_MLA_SM90_MERGE", {"combine", "fused", "auto"}, e.sm90_merge_mode);
+    e.sm90_rescale_mode = env_choice("JAX_MLA_SM90_RESCALE", {"exact", "lazy"}, e.sm90_rescale_mode);
     return e;
   }();
   return env;
@@ -344,6 +353,9 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   // The launcher keeps it only where it fits.
   const int merge_mode = merge_override >= 0 ? merge_override : process_env().sm90_merge_mode;
   p.fused_merge = merge_mode == kSm90MergeFused || merge_mode == kSm90MergeAuto;
+  const int rescale_override = g_sm90_rescale_override.load(std::memory_order_relaxed);
+  const int rescale_mode = rescale_override >= 0 ? rescale_override : process_env().sm90_rescale_mode;
+  p.sm90_max_slack = rescale_mode == kSm90RescaleLazy ? kLazyRescaleSlack : 0.f;
   p.split_plan = split_plan_policy();
   const LaunchStatus st =
       launch_decode_kernel(sel.kernel, p, reinterpret_cast<int32_t*>(ws + layout.schedule_offset), stream);
@@ -409,6 +421,10 @@ TraceDump sm90_trace_read(bool reset) {
 
 int set_sm90_merge_override(int mode) {
   return g_sm90_merge_override.exchange(mode < 0 || mode > kSm90MergeAuto ? -1 : mode);
+}
+
+int set_sm90_rescale_override(int mode) {
+  return g_sm90_rescale_override.exchange(mode < 0 || mode > kSm90RescaleLazy ? -1 : mode);
 }
 
 CudaCallStats cuda_call_stats() {

@@ -32,6 +32,12 @@ CudaCallStats cuda_call_stats();
 // override. A CUDA graph keeps the mode it was captured with.
 int set_sm90_merge_override(int mode);
 
+// The SM90 softmax rescale of later decode calls in this process, overriding JAX_MLA_SM90_RESCALE:
+// -1 back to the variable, 0 exact (the reference is the running max), 1 lazy (it may lag by
+// kLazyRescaleSlack; DecodeParams::sm90_max_slack). For benchmarks and tests that compare both in
+// one process (benchmarks/bench_decode.py --rescale). Returns the previous override.
+int set_sm90_rescale_override(int mode);
+
 // The SM90 kernel's event log of device 0 (debug builds with CMake JAX_MLA_SM90_TRACE; see
 // cuda/sm90/trace.cuh): (ctas, roles, slots) uint64 words, copied after a device synchronisation,
 // and zeroed afterwards when `reset`. built is false (and words empty) in normal builds.

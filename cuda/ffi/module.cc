@@ -73,25 +73,54 @@ int cuda_sm_count() {
 #endif
 }
 
-// "env" (JAX_MLA_SM90_MERGE decides), "combine", "fused" or "auto": the SM90 split merge of later
-// decode calls in this process; returns the previous setting. No effect without CUDA.
-std::string set_sm90_merge(const std::string& mode) {
-  static const char* names[] = {"env", "combine", "fused", "auto"};
+// A process-wide override of a CUDA tuning switch: names[0] is "env" (the environment variable
+// decides; override -1), names[i] is override i - 1. Sets it through `set` (which returns the
+// previous override) and returns the previous name. Without CUDA it only remembers the setting.
+template <int N>
+std::string set_switch(const char* const (&names)[N], const std::string& mode, const char* what,
+                       int (*set)(int), int& fallback_current) {
   int m = -2;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < N; ++i) {
     if (mode == names[i]) m = i - 1;
   }
   if (m == -2) {
-    throw nb::value_error(("set_sm90_merge: mode must be env, combine, fused or auto, not '" + mode + "'").c_str());
+    std::string list;
+    for (int i = 0; i < N; ++i) list += std::string(i ? (i + 1 == N ? " or " : ", ") : "") + names[i];
+    throw nb::value_error((std::string(what) + ": mode must be " + list + ", not '" + mode + "'").c_str());
   }
 #ifdef JAX_MLA_WITH_CUDA
-  return names[jax_mla::set_sm90_merge_override(m) + 1];
+  (void)fallback_current;
+  return names[set(m) + 1];
 #else
-  static int current = -1;
-  const int prev = current;
-  current = m;
+  (void)set;
+  const int prev = fallback_current;
+  fallback_current = m;
   return names[prev + 1];
 #endif
+}
+
+#ifdef JAX_MLA_WITH_CUDA
+int (*const kSetMerge)(int) = &jax_mla::set_sm90_merge_override;
+int (*const kSetRescale)(int) = &jax_mla::set_sm90_rescale_override;
+#else
+int (*const kSetMerge)(int) = nullptr;
+int (*const kSetRescale)(int) = nullptr;
+#endif
+
+// "env" (JAX_MLA_SM90_MERGE decides), "combine", "fused" or "auto": the SM90 split merge of later
+// decode calls in this process; returns the previous setting. No effect without CUDA.
+std::string set_sm90_merge(const std::string& mode) {
+  static const char* const names[] = {"env", "combine", "fused", "auto"};
+  static int current = -1;
+  return set_switch(names, mode, "set_sm90_merge", kSetMerge, current);
+}
+
+// "env" (JAX_MLA_SM90_RESCALE decides), "exact" or "lazy": the SM90 softmax rescale of later decode
+// calls in this process; returns the previous setting. No effect without CUDA.
+std::string set_sm90_rescale(const std::string& mode) {
+  static const char* const names[] = {"env", "exact", "lazy"};
+  static int current = -1;
+  return set_switch(names, mode, "set_sm90_rescale", kSetRescale, current);
 }
 
 // The SplitPlanPolicy named `name` ("env": -1, where `what` accepts it); ValueError otherwise.
@@ -262,6 +291,10 @@ NB_MODULE(_ext, m) {
   m.def("set_sm90_merge", &set_sm90_merge, nb::arg("mode"),
         "The SM90 split merge of later decode calls in this process: 'env' (JAX_MLA_SM90_MERGE decides), "
         "'combine', 'fused' or 'auto'; returns the previous setting. For benchmarks comparing both in one process; "
+        "a captured CUDA graph keeps the mode it was captured with.");
+  m.def("set_sm90_rescale", &set_sm90_rescale, nb::arg("mode"),
+        "The SM90 softmax rescale of later decode calls in this process: 'env' (JAX_MLA_SM90_RESCALE decides), "
+        "'exact' or 'lazy'; returns the previous setting. For benchmarks and tests comparing both in one process; "
         "a captured CUDA graph keeps the mode it was captured with.");
   m.def("cuda_call_stats", &cuda_call_stats,
         "{'decode_calls', 'decode_captured'}: runs of the CUDA decode handler in this process, and how many "

@@ -240,18 +240,21 @@ __device__ __forceinline__ void rescale_o(float (&o)[128], const float (&alpha)[
   for (int k = 0; k < 128; ++k) o[k] *= alpha[(k >> 1) & 1];
 }
 
-// Per-row state of one consumer over one piece: the running max m (log2 units, the same in both
-// consumers after every tile) and this consumer's partial row sums l (its own tiles' P), which are
-// rescaled with O. l of both consumers add up to the softmax denominator in the epilogue.
+// Per-row state of one consumer over one piece: the reference max m (log2 units, the same in both
+// consumers after every tile; the running max itself unless DecodeParams::sm90_max_slack lets it
+// lag, see owner_step) and this consumer's partial row sums l (its own tiles' P), which are
+// rescaled with O. l of both consumers add up to the softmax denominator in the epilogue, whose LSE
+// is m + log2(l) for whichever reference m the sums were taken against.
 struct RowState {
   float m[2];
   float l[2];
 };
 
-// Where a tile sits in its request: which keys, whether it is the piece's last.
+// Where a tile sits in its request: which keys, whether it is the piece's first or last.
 struct TileInfo {
-  int first_token;  // key index of the tile's row 0
+  int first_token;     // key index of the tile's row 0
   int seq_len;
+  bool first_of_piece;  // O and the row sums are still the zeros of zero_accumulator
 };
 
 // alpha = exp2(m_old - m_new) with a finite reference point for rows that have seen no key yet
@@ -266,7 +269,7 @@ template <typename Element, typename Shape>
 __device__ __forceinline__ void owner_step(SharedStorage<Element, Shape>& s, const TileCursor<Shape>& t,
                                            const RowCoords& rc, int consumer, const TileInfo& ti,
                                            const int (&visible)[2], int visible_min, float scale_log2,
-                                           ScoreFragment& sc, PFragment& pf, RowState& rs, float (&o)[128],
+                                           float max_slack, ScoreFragment& sc, PFragment& pf, RowState& rs, float (&o)[128],
                                            Tracer& tr) {
   const int thread = threadIdx.x % 128;
   if (ti.first_token + kBlockN > visible_min) mask_scores(sc, rc, ti.first_token, visible);
@@ -275,7 +278,10 @@ __device__ __forceinline__ void owner_step(SharedStorage<Element, Shape>& s, con
   float alpha[2], m_ref[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const float m_new = fmaxf(rs.m[i], tile_max[i]);
+    // rs.m is the reference (the running max when max_slack is 0): it moves to the tile's max only
+    // when that exceeds it by more than the slack, so with a slack most tiles keep alpha == 1
+    // exactly and rescale_o skips O. -inf + slack is -inf: a row's first key always sets it.
+    const float m_new = tile_max[i] > rs.m[i] + max_slack ? tile_max[i] : rs.m[i];
     alpha[i] = rescale_factor(rs.m[i], m_new);
     m_ref[i] = finite_or_zero(m_new);
     rs.m[i] = m_new;
@@ -297,7 +303,9 @@ __device__ __forceinline__ void owner_step(SharedStorage<Element, Shape>& s, con
   tr.mark(kTrSoftmaxDone);
   // Our own P V reads the V rows this consumer's threads just zeroed: all of them must be done.
   if (last_tile) ptx::named_barrier_sync(kBarConsumer + consumer, 128);
-  rescale_o(o, alpha);
+  // The piece's first tile: alpha is 0 (the reference came from -inf) and O is still zero, so the
+  // rescale would multiply zeros; the vote in rescale_o cannot see that (alpha != 1).
+  if (!ti.first_of_piece) rescale_o(o, alpha);
   issue_pv<Element, Shape, true>(s, t, consumer, pf, o);
 }
 
@@ -324,7 +332,7 @@ __device__ __forceinline__ void other_step(SharedStorage<Element, Shape>& s, con
     ptx::fence_proxy_async_smem();
     ptx::named_barrier_sync(kBarConsumer + consumer, 128);
   }
-  rescale_o(o, alpha);
+  if (!ti.first_of_piece) rescale_o(o, alpha);  // as in owner_step: O is still zero
   issue_pv<Element, Shape, false>(s, t, consumer, pf, o);
 }
 
@@ -384,7 +392,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, 
     }
 #pragma unroll 1
     for (int blk = w.begin_block; blk < w.end_block; ++blk) {
-      const TileInfo ti{blk * kBlockN, seq_len};
+      const TileInfo ti{blk * kBlockN, seq_len, blk == w.begin_block};
       if (st.owner == consumer) {
         if (has_pending) {
           wgmma_wait<1>();  // the other's P V (older group) done; S may still run
@@ -395,7 +403,8 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, 
         wgmma_wait<0>();
         fence_operands(sc);
         tr.mark(kTrSDone);
-        owner_step<Element>(s, st, rc, consumer, ti, visible, visible_min, scale_log2, sc, pf, rs, o, tr);
+        owner_step<Element>(s, st, rc, consumer, ti, visible, visible_min, scale_log2, p.sm90_max_slack, sc, pf,
+                            rs, o, tr);
         tr.mark(kTrPvOwnIssued);
       } else {
         // Our own P V of the previous tile must be done before O is rescaled.
