@@ -460,12 +460,19 @@ def test_lazy_rescale_matches_reference(case, ramp):
     if ramp:
         data = with_score_ramp(data, ramp)
     ref = reference_on_cpu(data)
+    # One part: each request is one piece of all its tiles. With the automatic schedule these small
+    # batches are cut into pieces of one or two tiles, whose reference is their first tile's max
+    # in both modes, and the two outputs came out bit-identical (nineteenth session, H100).
+    with jax.default_device(gpu()):
+        schedule = jax_mla.decode_schedule(jax.device_put(data.seq_lens, gpu()), num_heads=case.h_q,
+                                           seq_q=case.s_q, num_parts=1)
+
     def run_fresh():
         # A new jit for each mode: its own executable, so a CUDA graph that XLA recorded under the
         # other mode (the mode is read when the handler runs, and a graph replays its launch) can
         # never stand in for this mode's call.
         kw = dict(softmax_scale=case.softmax_scale, causal=case.causal, return_lse=True, kernel="sm90")
-        fn = jax.jit(lambda *a: jax_mla.mla_decode(*a, **kw))
+        fn = jax.jit(lambda *a: jax_mla.mla_decode(*a, schedule=schedule, **kw))
         out, lse = fn(*[jax.device_put(x, gpu()) for x in data.args])
         return np.asarray(out), np.asarray(lse)
 

@@ -150,11 +150,12 @@ struct ProcessEnv {
   // MPS client limited to fewer SMs, another kernel holding SMs for seconds): the merge's wait
   // traps after 10 s instead of hanging.
   int sm90_merge_mode = kSm90MergeAuto;
-  // JAX_MLA_SM90_RESCALE: exact (default) | lazy. lazy lets a row's softmax reference lag its
+  // JAX_MLA_SM90_RESCALE: lazy (default) | exact. lazy lets a row's softmax reference lag its
   // score max by up to kLazyRescaleSlack (DecodeParams::sm90_max_slack), so most tiles skip the
-  // rescale of O (cuda/sm90/decode_kernel.cuh owner_step). Same results up to rounding; not yet
-  // measured faster (eighteenth session).
-  int sm90_rescale_mode = kSm90RescaleExact;
+  // rescale of O (cuda/sm90/decode_kernel.cuh owner_step). Same results up to rounding; measured
+  // 1.7-4.7% faster at h_q = 128, b = 128 and level elsewhere (nineteenth session, H100, one
+  // process, docs/performance.md).
+  int sm90_rescale_mode = kSm90RescaleLazy;
 };
 
 const ProcessEnv& process_env() {
