@@ -6,7 +6,7 @@
 # Environment: AB_WHEELS (other wheels to install for A/B variants, below), TESTS_TIMEOUT, BENCH_TIMEOUT (default 420 s: the full benchmark with --xla took more than
 # 240 s on an H200; its JSON is written after every config, so a cut keeps the finished rows), BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
 # SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
-# spaces: a -k expression must be one word; TESTS_K is passed whole as one -k expression), BENCH_TAG (results file bench-TAG.json, for several
+# spaces, given beside the tests/ folder: a file named here adds to it, it does not narrow the run; --ignore=PATH drops one; a -k expression must be one word; TESTS_K is passed whole as one -k expression), BENCH_TAG (results file bench-TAG.json, for several
 # benchmark runs in one call), NCU_CONFIGS (benchmark configs to profile, default: the two low-latency ones and b128/4K).
 #
 # Install: a wheel carried in .whl-dist/ (built on the CPU machine, see docs/performance.md) when it
