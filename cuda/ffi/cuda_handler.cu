@@ -353,7 +353,7 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   const int merge_override = g_sm90_merge_override.load(std::memory_order_relaxed);
   // The launcher keeps it only where it fits.
   const int merge_mode = merge_override >= 0 ? merge_override : process_env().sm90_merge_mode;
-  p.fused_merge = merge_mode == kSm90MergeFused || merge_mode == kSm90MergeAuto;
+  p.fused_merge = merge_mode != kSm90MergeCombine;  // fused, or auto (the measured choice: fused)
   const int rescale_override = g_sm90_rescale_override.load(std::memory_order_relaxed);
   const int rescale_mode = rescale_override >= 0 ? rescale_override : process_env().sm90_rescale_mode;
   p.sm90_max_slack = rescale_mode == kSm90RescaleLazy ? kLazyRescaleSlack : 0.f;

@@ -5,6 +5,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nanobind/nanobind.h>
@@ -73,12 +74,26 @@ int cuda_sm_count() {
 #endif
 }
 
+#ifdef JAX_MLA_WITH_CUDA
+using jax_mla::set_sm90_merge_override;
+using jax_mla::set_sm90_rescale_override;
+#else
+// Without CUDA there is no kernel to steer: the overrides only remember the setting.
+int set_sm90_merge_override(int mode) {
+  static int current = -1;
+  return std::exchange(current, mode);
+}
+int set_sm90_rescale_override(int mode) {
+  static int current = -1;
+  return std::exchange(current, mode);
+}
+#endif
+
 // A process-wide override of a CUDA tuning switch: names[0] is "env" (the environment variable
 // decides; override -1), names[i] is override i - 1. Sets it through `set` (which returns the
-// previous override) and returns the previous name. Without CUDA it only remembers the setting.
+// previous override) and returns the previous name.
 template <int N>
-std::string set_switch(const char* const (&names)[N], const std::string& mode, const char* what,
-                       int (*set)(int), int& fallback_current) {
+std::string set_switch(const char* const (&names)[N], const std::string& mode, const char* what, int (*set)(int)) {
   int m = -2;
   for (int i = 0; i < N; ++i) {
     if (mode == names[i]) m = i - 1;
@@ -88,39 +103,21 @@ std::string set_switch(const char* const (&names)[N], const std::string& mode, c
     for (int i = 0; i < N; ++i) list += std::string(i ? (i + 1 == N ? " or " : ", ") : "") + names[i];
     throw nb::value_error((std::string(what) + ": mode must be " + list + ", not '" + mode + "'").c_str());
   }
-#ifdef JAX_MLA_WITH_CUDA
-  (void)fallback_current;
   return names[set(m) + 1];
-#else
-  (void)set;
-  const int prev = fallback_current;
-  fallback_current = m;
-  return names[prev + 1];
-#endif
 }
-
-#ifdef JAX_MLA_WITH_CUDA
-int (*const kSetMerge)(int) = &jax_mla::set_sm90_merge_override;
-int (*const kSetRescale)(int) = &jax_mla::set_sm90_rescale_override;
-#else
-int (*const kSetMerge)(int) = nullptr;
-int (*const kSetRescale)(int) = nullptr;
-#endif
 
 // "env" (JAX_MLA_SM90_MERGE decides), "combine", "fused" or "auto": the SM90 split merge of later
 // decode calls in this process; returns the previous setting. No effect without CUDA.
 std::string set_sm90_merge(const std::string& mode) {
   static const char* const names[] = {"env", "combine", "fused", "auto"};
-  static int current = -1;
-  return set_switch(names, mode, "set_sm90_merge", kSetMerge, current);
+  return set_switch(names, mode, "set_sm90_merge", &set_sm90_merge_override);
 }
 
 // "env" (JAX_MLA_SM90_RESCALE decides), "exact" or "lazy": the SM90 softmax rescale of later decode
 // calls in this process; returns the previous setting. No effect without CUDA.
 std::string set_sm90_rescale(const std::string& mode) {
   static const char* const names[] = {"env", "exact", "lazy"};
-  static int current = -1;
-  return set_switch(names, mode, "set_sm90_rescale", kSetRescale, current);
+  return set_switch(names, mode, "set_sm90_rescale", &set_sm90_rescale_override);
 }
 
 // The SplitPlanPolicy named `name` ("env": -1, where `what` accepts it); ValueError otherwise.
