@@ -226,24 +226,20 @@ def test_generic_and_default_cpu_paths_agree(tmp_path):
     np.testing.assert_allclose(lse_a, lse_b, rtol=1e-5, atol=1e-5)
 
 
-def test_set_sm90_merge_round_trip():
-    """_ext.set_sm90_merge (benchmarks' in-process A/B of the SM90 split merge) returns the previous
-    setting, refuses unknown names, and is back at "env" afterwards."""
-    assert _ext.set_sm90_merge("fused") == "env"
-    assert _ext.set_sm90_merge("combine") == "fused"
-    assert _ext.set_sm90_merge("auto") == "combine"
-    with pytest.raises(ValueError, match="env, combine, fused or auto"):
-        _ext.set_sm90_merge("fast")
-    assert _ext.set_sm90_merge("env") == "auto"
-    assert _ext.set_sm90_merge("env") == "env"
-
-
-def test_set_sm90_rescale_round_trip():
-    """_ext.set_sm90_rescale (the in-process A/B of the SM90 lazy rescale) returns the previous
-    setting, refuses unknown names, and is back at "env" afterwards."""
-    assert _ext.set_sm90_rescale("lazy") == "env"
-    assert _ext.set_sm90_rescale("exact") == "lazy"
-    with pytest.raises(ValueError, match="env, exact or lazy"):
-        _ext.set_sm90_rescale("fast")
-    assert _ext.set_sm90_rescale("env") == "exact"
-    assert _ext.set_sm90_rescale("env") == "env"
+@pytest.mark.parametrize("setter, modes, listed", [
+    ("set_sm90_merge", ["fused", "combine", "auto"], "env, combine, fused or auto"),
+    ("set_sm90_rescale", ["lazy", "exact"], "env, exact or lazy"),
+])
+def test_set_switch_round_trip(setter, modes, listed):
+    """_ext.set_sm90_merge and set_sm90_rescale (benchmarks' and tests' in-process A/B of a CUDA
+    tuning switch) return the previous setting, refuse unknown names, and are back at "env"
+    afterwards."""
+    set_mode = getattr(_ext, setter)
+    previous = "env"
+    for mode in modes:
+        assert set_mode(mode) == previous
+        previous = mode
+    with pytest.raises(ValueError, match=listed):
+        set_mode("fast")
+    assert set_mode("env") == previous
+    assert set_mode("env") == "env"
