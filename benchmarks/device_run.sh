@@ -2,7 +2,7 @@
 # One full call on the GPU machine (the `device` tool's H200): install jax_mla, run the GPU tests,
 # the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
-#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|trace|tmabw|stats]...   (default: tests bench; run in that order)
+#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|trace|tmabw|stats|flashmla|compare]...   (default: tests bench; run in that order)
 # Environment: AB_WHEELS (other wheels to install for A/B variants, below), TESTS_TIMEOUT, BENCH_TIMEOUT (default 420 s: the full benchmark with --xla took more than
 # 240 s on an H200; its JSON is written after every config, so a cut keeps the finished rows), BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
 # SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
@@ -115,12 +115,43 @@ else:
 PYEOF
 }
 
+# fresh_name BASE: BASE, or BASE-2, BASE-3, ... whichever has no .json or .log in $OUT yet, so a step
+# named twice in one call (bench flashmla bench flashmla) keeps both runs' results.
+fresh_name() {
+  local name="$1" n=2
+  while [ -e "$OUT/$name.json" ] || [ -e "$OUT/$name.log" ]; do name="$1-$n"; n=$((n + 1)); done
+  echo "$name"
+}
+
 run_bench() {
   echo "== benchmark"
+  local name; name=$(fresh_name "bench${BENCH_TAG:+-$BENCH_TAG}")
   clock_probe_start bench
-  timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/bench_decode.py ${BENCH_ARGS:---xla} --json "$OUT/bench${BENCH_TAG:+-$BENCH_TAG}.json" 2>&1 | tee "$OUT/bench.log" | grep -v "^#" | tail -20
+  timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/bench_decode.py ${BENCH_ARGS:---xla} --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" | grep -v "^#" | tail -20
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   clock_probe_report bench
+}
+
+# FlashMLA's SM90 dense decode timed on this GPU by a standalone driver (no torch), for a same-card
+# "x best": the facts file's FlashMLA times are an H200's, and the device tool often lends H100s.
+# The executable is built on the CPU machine from a FlashMLA checkout (benchmarks/flashmla_baseline/
+# README.md) and carried in .whl-flashmla/; FLASHMLA_ARGS (default --check: its own correctness
+# check against a float64 reference first). The `compare` step tabulates it against the benchmark.
+run_flashmla() {
+  echo "== FlashMLA baseline on this GPU"
+  local bin=.whl-flashmla/flashmla_bench name
+  [ -x "$bin" ] || { echo "no $bin (carry .whl-flashmla; see benchmarks/flashmla_baseline/README.md)"; status=1; return; }
+  name=$(fresh_name flashmla)
+  timeout "${FLASHMLA_TIMEOUT:-240}" "$bin" ${FLASHMLA_ARGS:---check} --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" | tail -24
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+}
+
+# Our benchmark's rows against the FlashMLA runs of this call, per config: medians over the runs
+# of each, their ratio, and each run's time (to show the spread between processes).
+run_compare() {
+  echo "== jax_mla against FlashMLA, this GPU"
+  python3 benchmarks/compare_baseline.py --ours "$OUT"/bench*.json --baseline "$OUT"/flashmla*.json 2>&1 | tee "$OUT/compare.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 
 run_sanitize() {
@@ -309,6 +340,8 @@ for step in "${steps[@]}"; do
     trace) run_trace ;;
     tmabw) run_tmabw ;;
     stats) run_stats ;;
+    flashmla) run_flashmla ;;
+    compare) run_compare ;;
     all) run_tests; run_bench; run_sanitize ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
