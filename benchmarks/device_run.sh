@@ -2,7 +2,7 @@
 # One full call on the GPU machine (the `device` tool's H200): install jax_mla, run the GPU tests,
 # the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
-#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|trace|tmabw|stats|flashmla|compare]...   (default: tests bench; run in that order)
+#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|trace|tmabw|stats|flashmla|compare|multigpu]...   (default: tests bench; run in that order)
 # Environment: AB_WHEELS (other wheels to install for A/B variants, below), TESTS_TIMEOUT, BENCH_TIMEOUT (default 420 s: the full benchmark with --xla took more than
 # 240 s on an H200; its JSON is written after every config, so a cut keeps the finished rows), BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
 # SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
@@ -143,6 +143,23 @@ run_flashmla() {
   [ -x "$bin" ] || { echo "no $bin (carry .whl-flashmla; see benchmarks/flashmla_baseline/README.md)"; status=1; return; }
   name=$(fresh_name flashmla)
   timeout "${FLASHMLA_TIMEOUT:-240}" "$bin" ${FLASHMLA_ARGS:---check} --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" | tail -24
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+}
+
+# Issue #8, on a machine with several GPUs: the sharding checks of tests/sharding_worker.py on the
+# GPUs (data and tensor parallel, 2-D mesh, schedules, export, the KV-cache update: results against
+# one device and the reference, no collective in the compiled HLO), then benchmarks/bench_sharded.py
+# (per-device throughput of the large configs against one GPU; bit-identity with one GPU).
+# NCCL's NVLink multicast stays off (NCCL_NVLS_ENABLE=0), as the device notes ask.
+run_multigpu() {
+  local n; n=$(nvidia-smi -L | wc -l)
+  echo "== multi-GPU ($n GPUs)"
+  [ "$n" -ge 2 ] || { echo "needs two or more GPUs"; status=1; return; }
+  NCCL_NVLS_ENABLE=0 JAX_MLA_SHARDING_DEVICES=$n timeout "${MULTIGPU_TIMEOUT:-300}" python3 -P tests/sharding_worker.py \
+    "$OUT/sharding_gpu.json" 2>&1 | tee "$OUT/sharding_gpu.log" | tail -20
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  NCCL_NVLS_ENABLE=0 timeout "${MULTIGPU_TIMEOUT:-300}" python3 -P benchmarks/bench_sharded.py --devices "$n" \
+    ${SHARDED_ARGS:-} --json "$OUT/sharded.json" 2>&1 | tee "$OUT/sharded.log" | tail -12
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 
@@ -342,6 +359,7 @@ for step in "${steps[@]}"; do
     stats) run_stats ;;
     flashmla) run_flashmla ;;
     compare) run_compare ;;
+    multigpu) run_multigpu ;;
     all) run_tests; run_bench; run_sanitize ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
