@@ -28,24 +28,21 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import bench_decode  # noqa: E402
 from configs import Config, find  # noqa: E402
+# The sharding checks' helpers: the collective names looked for in compiled HLO, and the agreement
+# of one problem split two ways (tests/sharding_worker.py, which runs the same checks on N devices).
+from sharding_worker import assert_agree, collectives  # noqa: E402,F401
 
-COLLECTIVES = re.compile(r"\b(all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter|"
-                         r"collective-broadcast|ragged-all-to-all)(-start)?\b")
 DEFAULT_CONFIGS = "b128_sq1_h128_4k,b64_sq1_h16_8k"
 # For CPU devices (the CI test): small enough for the C++ kernel, still several pages per request.
 TINY = Config("tiny_b4_h16_300", 4, 1, 16, 300)
-
-
-def collectives(text: str) -> list[str]:
-    return sorted({m.group(0) for m in COLLECTIVES.finditer(text)})
 
 
 def f32(x):
@@ -55,19 +52,14 @@ def f32(x):
 
 def agree(got, want, dtype) -> bool:
     """(out, lse) of the same problem split differently (heads over devices: other row blocks and
-    split points): equal up to one rounding of the output type and fp32 noise in the LSE."""
-    import jax.numpy as jnp
+    split points): sharding_worker.assert_agree's rule (one rounding of the output type, fp32 noise
+    in the LSE) as a yes or no."""
     import numpy as np
-    u = float(jnp.finfo(dtype).eps) / 2  # unit roundoff of the output type
-    (go, gl), (wo, wl) = [(f32(o).astype(np.float64), f32(lse).astype(np.float64)) for o, lse in (got, want)]
-    if go.shape != wo.shape or not np.isfinite(go).all():
+    try:
+        assert_agree(got, want, np.dtype(dtype).name)
+    except AssertionError:
         return False
-    if not (np.abs(go - wo) <= 2 * u * np.abs(wo) + 1e-5).all():
-        return False
-    if not np.array_equal(np.isneginf(gl), np.isneginf(wl)):
-        return False
-    fin = np.isfinite(wl)
-    return bool(np.allclose(gl[fin], wl[fin], rtol=1e-5, atol=1e-5))
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,10 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         want = jax.jit(call_one)(single[0], single[1], single[2][0], single[3])
         same_tp = agree(got, want, np.dtype(single[0].dtype))
 
-        found = {what: collectives(fn.lower(*a).compile().as_text())
-                 for what, fn, a in (("data parallel", step_dp, dp_args), ("tensor parallel", step_tp, tp_args))}
-        has_op = all("jax_mla_decode" in fn.lower(*a).compile().as_text()
-                     for fn, a in ((step_dp, dp_args), (step_tp, tp_args)))
+        hlo = {what: fn.lower(*a).compile().as_text()
+               for what, fn, a in (("data parallel", step_dp, dp_args), ("tensor parallel", step_tp, tp_args))}
+        found = {what: collectives(text) for what, text in hlo.items()}
+        has_op = all("jax_mla_decode" in text for text in hlo.values())
         ok = same_dp and same_tp and has_op and not any(found.values())
         failures += not ok
         row = dict(name=cfg.name, devices=n, device_kind=devices[0].device_kind, calls=calls, sets=num_sets,

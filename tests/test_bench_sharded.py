@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 
 from script_loader import ROOT, load_script
@@ -42,16 +43,18 @@ def test_checks_can_fail():
     assert m.collectives('%x = f32[8] all-gather-start(%p), dims={0}\n%y = all-reduce(%x)') == [
         "all-gather-start", "all-reduce"]
     assert m.collectives('custom_call_target="jax_mla_decode"') == []
+    bf16 = jnp.bfloat16  # the op's output type: its rounding sets the tolerance
     rng = np.random.default_rng(0)
     out = rng.standard_normal((2, 1, 4, 512)).astype(np.float32)
+    out[1, 0, 3, 7] = 0.5
     lse = rng.standard_normal((2, 1, 4)).astype(np.float32)
-    assert m.agree((out, lse), (out.copy(), lse.copy()), np.float32)
+    assert m.agree((out, lse), (out.copy(), lse.copy()), bf16)
     bad = out.copy()
     bad[1, 0, 3, 7] += 1e-2
-    assert not m.agree((bad, lse), (out, lse), np.float32)
+    assert not m.agree((bad, lse), (out, lse), bf16)
     bad_lse = lse.copy()
     bad_lse[0, 0, 0] = -np.inf
-    assert not m.agree((out, bad_lse), (out, lse), np.float32)
+    assert not m.agree((out, bad_lse), (out, lse), bf16)
     nan = out.copy()
     nan[0, 0, 0, 0] = np.nan
-    assert not m.agree((nan, lse), (out, lse), np.float32)
+    assert not m.agree((nan, lse), (out, lse), bf16)
