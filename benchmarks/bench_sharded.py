@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         kv_bytes = float(cfg.seq_lens().sum()) * 576 * 2
         num_sets = max(2, min(16, math.ceil(4 * bench_decode.L2_BYTES / kv_bytes)))
-        calls = args.calls or max(num_sets, min(64, math.ceil(4000 / max(cfg.best_graph_us, 1.0))))
+        calls = args.calls or max(num_sets, cfg.calls_per_step(hi=64))
         print(f"[{cfg.name}] inputs: {n} shards x {num_sets} page sets, {calls} calls per step", flush=True)
         # One problem per shard, each as bench_decode builds it (own page sets, own tables).
         shards = [bench_decode.build_inputs(cfg, rng, jnp, np, num_sets, calls) for _ in range(n)]

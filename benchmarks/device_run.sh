@@ -2,7 +2,7 @@
 # One full call on the GPU machine (the `device` tool's H200): install jax_mla, run the GPU tests,
 # the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
-#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|trace|tmabw|stats|flashmla|compare|multigpu]...   (default: tests bench; run in that order)
+#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|trace|tmabw|stats|peers|multigpu]...   (default: tests bench; run in that order)
 # Environment: AB_WHEELS (other wheels to install for A/B variants, below), TESTS_TIMEOUT, BENCH_TIMEOUT (default 420 s: the full benchmark with --xla took more than
 # 240 s on an H200; its JSON is written after every config, so a cut keeps the finished rows), BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
 # SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
@@ -116,7 +116,7 @@ PYEOF
 }
 
 # fresh_name BASE: BASE, or BASE-2, BASE-3, ... whichever has no .json or .log in $OUT yet, so a step
-# named twice in one call (bench flashmla bench flashmla) keeps both runs' results.
+# named twice in one call (bench peers bench peers) keeps both runs' results.
 fresh_name() {
   local name="$1" n=2
   while [ -e "$OUT/$name.json" ] || [ -e "$OUT/$name.log" ]; do name="$1-$n"; n=$((n + 1)); done
@@ -132,17 +132,20 @@ run_bench() {
   clock_probe_report bench
 }
 
-# FlashMLA's SM90 dense decode timed on this GPU by a standalone driver (no torch), for a same-card
-# "x best": the facts file's FlashMLA times are an H200's, and the device tool often lends H100s.
-# The executable is built on the CPU machine from a FlashMLA checkout (benchmarks/flashmla_baseline/
-# README.md) and carried in .whl-flashmla/; FLASHMLA_ARGS (default --check: its own correctness
-# check against a float64 reference first). The `compare` step tabulates it against the benchmark.
-run_flashmla() {
-  echo "== FlashMLA baseline on this GPU"
-  local bin=.whl-flashmla/flashmla_bench name
-  [ -x "$bin" ] || { echo "no $bin (carry .whl-flashmla; see benchmarks/flashmla_baseline/README.md)"; status=1; return; }
-  name=$(fresh_name flashmla)
-  timeout "${FLASHMLA_TIMEOUT:-240}" "$bin" ${FLASHMLA_ARGS:---check} --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" | tail -24
+# FlashMLA and FlashAttention-3 against jax_mla in one process (benchmarks/bench_peers.py). The
+# peers come from benchmarks/peers/build.sh: carried in .peers/lib (built on the CPU machine against
+# torch 2.11.0+cu130, the device's), else built here from a carried .peers/src (~2 min on 16 cores).
+# PEERS_ARGS: extra bench_peers.py arguments (e.g. --only b16,b1_).
+run_peers() {
+  echo "== jax_mla against FlashMLA and FlashAttention-3 (one process)"
+  if ! ls .peers/lib/flashmla_dense.so .peers/lib/fa3_mla.so >/dev/null 2>&1; then
+    [ -f .peers/src/PINS ] || { echo "carry .peers/lib or .peers/src (benchmarks/peers/README.md)"; status=1; return; }
+    JOBS=16 bash benchmarks/peers/build.sh > "$OUT/peers-build.log" 2>&1 ||
+      { tail -30 "$OUT/peers-build.log"; status=1; return; }
+  fi
+  local name; name=$(fresh_name peers)
+  timeout "${PEERS_TIMEOUT:-540}" python3 -P benchmarks/bench_peers.py ${PEERS_ARGS:-} --json "$OUT/$name.json" 2>&1 |
+    tee "$OUT/$name.log" | tail -30
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 
@@ -160,14 +163,6 @@ run_multigpu() {
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   NCCL_NVLS_ENABLE=0 timeout "${MULTIGPU_TIMEOUT:-300}" python3 -P benchmarks/bench_sharded.py --devices "$n" \
     ${SHARDED_ARGS:-} --json "$OUT/sharded.json" 2>&1 | tee "$OUT/sharded.log" | tail -12
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
-}
-
-# Our benchmark's rows against the FlashMLA runs of this call, per config: medians over the runs
-# of each, their ratio, and each run's time (to show the spread between processes).
-run_compare() {
-  echo "== jax_mla against FlashMLA, this GPU"
-  python3 benchmarks/compare_baseline.py --ours "$OUT"/bench*.json --baseline "$OUT"/flashmla*.json 2>&1 | tee "$OUT/compare.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 
@@ -357,8 +352,7 @@ for step in "${steps[@]}"; do
     trace) run_trace ;;
     tmabw) run_tmabw ;;
     stats) run_stats ;;
-    flashmla) run_flashmla ;;
-    compare) run_compare ;;
+    peers) run_peers ;;
     multigpu) run_multigpu ;;
     all) run_tests; run_bench; run_sanitize ;;
     *) echo "unknown step $step"; status=1 ;;

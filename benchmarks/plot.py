@@ -1,10 +1,7 @@
-"""Plots measured versions against FlashMLA and the roofline floor: one PNG for docs/.
+"""Plots a bench_peers.py result: time per call over the roofline floor, per config, for FlashMLA,
+FlashAttention-3 and jax_mla (the floor from the ceilings measured in the same run).
 
-  python3 benchmarks/plot.py benchmarks/results/2026-12-02_h200.json docs/perf_h200.png
-
-Each configuration gets a group of bars: time relative to the roofline floor (max of bytes / copy
-bandwidth and FLOPs / matmul rate, with the facts file's ceilings), so 1.0 is the hardware limit,
-for FlashMLA (facts file, graph replay) and every recorded version of ours.
+Usage: python benchmarks/plot.py RESULT.json OUT.png
 """
 
 from __future__ import annotations
@@ -15,11 +12,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from configs import CONFIGS, COPY_GBPS, MATMUL_TFLOPS  # noqa: E402
+from configs import CONFIGS  # noqa: E402
 
-
-def floor_us(cfg) -> float:
-    return max(cfg.bytes() / (COPY_GBPS * 1e3), cfg.flops() / (MATMUL_TFLOPS * 1e6))
+LABELS = {"flashmla": "FlashMLA", "fa3": "FlashAttention-3", "jax_mla": "jax_mla"}
+COLORS = {"flashmla": "0.55", "fa3": "0.8", "jax_mla": "tab:blue"}
 
 
 def main() -> int:
@@ -31,25 +27,19 @@ def main() -> int:
     import numpy as np
 
     data = json.load(open(src))
-    series = {"FlashMLA (facts file)": {c.name: c.best_graph_us for c in CONFIGS}}
-    for name, v in data["versions"].items():
-        if name == "plain_xla":
-            continue
-        series[f"jax-mla {name} ({v['commit']})"] = v["us"]
-    names = [c.name for c in CONFIGS]
-    x = np.arange(len(names))
-    width = 0.8 / len(series)
-    fig, ax = plt.subplots(figsize=(12, 5))
-    for k, (label, us) in enumerate(series.items()):
-        ratio = [us[c.name] / floor_us(c) if c.name in us else np.nan for c in CONFIGS]
-        # tab20 has room for every version; the default cycle repeats after ten series.
-        ax.bar(x + (k - (len(series) - 1) / 2) * width, ratio, width, label=label,
-               color="black" if k == 0 else plt.cm.tab20(k % 20))
+    rows = {r["name"]: r for r in data["rows"]}
+    cfgs = [c for c in CONFIGS if c.name in rows]
+    x = np.arange(len(cfgs))
+    width = 0.8 / len(LABELS)
+    fig, ax = plt.subplots(figsize=(13, 5))
+    for k, impl in enumerate(LABELS):
+        ratio = [rows[c.name]["us"][impl] / c.floor_us(data["copy_gbps"], data["matmul_tflops"]) for c in cfgs]
+        ax.bar(x + (k - (len(LABELS) - 1) / 2) * width, ratio, width, label=LABELS[impl], color=COLORS[impl])
     ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="roofline floor")
-    ax.set_xticks(x, [n.replace("_", "\n", 2) for n in names], fontsize=8)
-    ax.set_ylabel("time / roofline floor (lower is better)")
-    ax.set_title(f"MLA decode on {data['gpu'].split(',')[0]}, {data['date']} "
-                 f"(floor: {COPY_GBPS:.0f} GB/s copy, {MATMUL_TFLOPS:.0f} TFLOP/s bf16)")
+    ax.set_xticks(x, [c.name.replace("_", "\n", 2) for c in cfgs], fontsize=8)
+    ax.set_ylabel("time per call / roofline floor (lower is better)")
+    ax.set_title(f"MLA decode, bf16, page 64, on {data['device_kind']} "
+                 f"(floor: {data['copy_gbps']:.0f} GB/s copy, {data['matmul_tflops']:.0f} TFLOP/s bf16, measured)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(dst, dpi=110)
