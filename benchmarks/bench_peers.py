@@ -21,7 +21,7 @@ Method (docs/performance.md):
   against a float64 reference for the first and last request.
 
 Usage: python benchmarks/bench_peers.py [--peers .peers/lib] [--only NAME[,NAME...]] [--repeats 15]
-                                        [--json out.json] [--label TEXT]
+                                        [--json out.json] [--label TEXT] [--profile]
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from bench_decode import L2_BYTES, _setup_xla_flags, build_inputs, measure_ceilings  # noqa: E402
-from configs import CONFIGS  # noqa: E402
+from configs import CONFIGS, COPY_GBPS, MATMUL_TFLOPS  # noqa: E402
 
 PAGE_SIZE = 64          # FlashMLA's dense decode takes page size 64 only
 IMPLS = ("flashmla", "fa3", "jax_mla")
@@ -78,6 +78,25 @@ def reference_request(q, cache, table, seq_len: int, causal: bool, scale: float)
     return np.einsum("thn,nd->thd", p, kv[:, :512]), lse
 
 
+def profile_once(cfg, call_flashmla, call_fa3, decode, jax_args) -> None:
+    """One call of each kernel inside cudaProfilerStart/Stop (for ncu --profile-from-start off),
+    after two untimed calls of each."""
+    import jax
+    import torch
+    one = jax.jit(decode)
+    runs = {"flashmla": lambda: call_flashmla(1), "fa3": lambda: call_fa3(1),
+            "jax_mla": lambda: jax.block_until_ready(one(*jax_args))}
+    for fn in runs.values():
+        fn(), fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for fn in runs.values():
+        fn()
+        torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print(f"# {cfg.name}: profiled one call of each of {list(runs)}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--peers", default=os.path.join(HERE, "..", ".peers", "lib"),
@@ -86,6 +105,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--json", default=None)
     ap.add_argument("--label", default="", help="recorded in the JSON (e.g. the jax_mla commit)")
+    ap.add_argument("--profile", action="store_true",
+                    help="no timing: after the checks, one call of each inside cudaProfilerStart/Stop "
+                         "(ncu --profile-from-start off); use with --only")
     args = ap.parse_args()
     _setup_xla_flags(True)
 
@@ -102,7 +124,7 @@ def main() -> int:
           f"{args.label}", flush=True)
     for p in pins:
         print(f"# peer {p}", flush=True)
-    copy_gbps, mm_tflops = measure_ceilings()
+    copy_gbps, mm_tflops = (COPY_GBPS, MATMUL_TFLOPS) if args.profile else measure_ceilings()
     print(f"# measured ceilings: copy {copy_gbps:.0f} GB/s (read + write), bf16 matmul {mm_tflops:.0f} TFLOP/s",
           flush=True)
 
@@ -182,6 +204,9 @@ def main() -> int:
         if bad:
             print(f"# {cfg.name}: CHECK FAILED for {bad}: out rel err {ref_err}, LSE abs err {ref_lse}", flush=True)
             failed.append((cfg.name, bad))
+        if args.profile:
+            profile_once(cfg, call_flashmla, call_fa3, decode, (q, cache, tables[1], seq_lens, sched))
+            continue
 
         # --- the timed steps ---
         def jax_step(q, cache, tables, seq_lens, sch):

@@ -2,7 +2,7 @@
 # One full call on the GPU machine (the `device` tool's H200): install jax_mla, run the GPU tests,
 # the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
-#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|trace|tmabw|stats|peers|multigpu]...   (default: tests bench; run in that order)
+#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|trace|tmabw|stats|peers|peersncu|multigpu]...   (default: tests bench; run in that order)
 # Environment: AB_WHEELS (other wheels to install for A/B variants, below), TESTS_TIMEOUT, BENCH_TIMEOUT (default 420 s: the full benchmark with --xla took more than
 # 240 s on an H200; its JSON is written after every config, so a cut keeps the finished rows), BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
 # SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
@@ -147,6 +147,39 @@ run_peers() {
   timeout "${PEERS_TIMEOUT:-540}" python3 -P benchmarks/bench_peers.py ${PEERS_ARGS:-} --json "$OUT/$name.json" 2>&1 |
     tee "$OUT/$name.log" | tail -30
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
+}
+
+# ncu of one call of each kernel (FlashMLA, FA3, jax_mla: every kernel they launch) on the same
+# config in one process, side by side (bench_peers.py --profile): NCU_CONFIGS (default b16/1K,
+# b1/32K and b128/4K). Reports ncu_peers_CFG.ncu-rep come back as files; the log has a line a kernel.
+run_peersncu() {
+  echo "== ncu: jax_mla and its peers, one call each"
+  for cfg in ${NCU_CONFIGS:-b16_sq1_h128_1k b1_sq1_h128_32k b128_sq1_h128_4k}; do
+    timeout 240 ncu --profile-from-start off --clock-control none --section SpeedOfLight --section LaunchStats \
+      --section Occupancy --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+      --section ComputeWorkloadAnalysis -f -o "$OUT/ncu_peers_$cfg" \
+      python3 -P benchmarks/bench_peers.py --only "$cfg" --profile > "$OUT/ncu_peers_$cfg.log" 2>&1
+    echo "-- $cfg (exit $?)"
+    ncu -i "$OUT/ncu_peers_$cfg.ncu-rep" --page raw --csv --metrics \
+      gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_issued.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active \
+      > "$OUT/ncu_peers_$cfg.csv" 2>&1
+    python3 - "$OUT/ncu_peers_$cfg.csv" <<'PYEOF'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+head = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
+if head is None:
+    print("".join(",".join(r) for r in rows[:5])); sys.exit()
+h = rows[head]
+col = lambda r, name: r[h.index(name)] if name in h else "?"
+for r in rows[head + 2:]:
+    print(f"  {col(r, 'Kernel Name')[:60]:<60} {col(r, 'gpu__time_duration.sum'):>9} ns  grid {col(r, 'launch__grid_size'):>5}"
+          f" blk {col(r, 'launch__block_size'):>4} regs {col(r, 'launch__registers_per_thread'):>4}"
+          f" dram% {col(r, 'dram__throughput.avg.pct_of_peak_sustained_elapsed'):>6}"
+          f" sm% {col(r, 'sm__throughput.avg.pct_of_peak_sustained_elapsed'):>6}"
+          f" issue% {col(r, 'sm__inst_issued.avg.pct_of_peak_sustained_active'):>6}"
+          f" gmma% {col(r, 'sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active'):>6}")
+PYEOF
+  done
 }
 
 # Issue #8, on a machine with several GPUs: the sharding checks of tests/sharding_worker.py on the
@@ -353,6 +386,7 @@ for step in "${steps[@]}"; do
     tmabw) run_tmabw ;;
     stats) run_stats ;;
     peers) run_peers ;;
+    peersncu) run_peersncu ;;
     multigpu) run_multigpu ;;
     all) run_tests; run_bench; run_sanitize ;;
     *) echo "unknown step $step"; status=1 ;;

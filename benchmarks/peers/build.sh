@@ -8,7 +8,8 @@
 # minus the kernels the benchmark does not call), against the torch it will be loaded into.
 #
 #   bash benchmarks/peers/build.sh            # torch from `python3 -c "import torch"`
-#   TORCH_DIR=/path/to/site-packages/torch PYTHON_INCLUDE=/path/to/include/python3.12 bash benchmarks/peers/build.sh
+#   TORCH_DIR=/path/to/site-packages/torch PYTHON_INCLUDE=/path/to/include/python3.12 \
+#     EXTRA_INCLUDE=/path/to/nvidia/cu13/include bash benchmarks/peers/build.sh    # an unpacked wheel
 #
 # The torch must be the one the benchmark runs with (FlashMLA's binding uses torch's C++ ABI):
 # 2.11.0+cu130 on the device machine. CUDA 13 keeps libcu++ under include/cccl, which the host
@@ -22,12 +23,21 @@ PY=${PYTHON:-python3}
 TORCH_DIR=${TORCH_DIR:-$($PY -c 'import os, torch; print(os.path.dirname(torch.__file__))')}
 PYTHON_INCLUDE=${PYTHON_INCLUDE:-$($PY -c 'import sysconfig; print(sysconfig.get_paths()["include"])')}
 NVCC=${NVCC:-nvcc}
-CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v "$NVCC")")")}
+# The toolkit's root: CUDA_HOME, else where nvcc really lives (it may be a wrapper or a link).
+if [ -z "${CUDA_HOME:-}" ]; then
+  CUDA_HOME=$("$NVCC" --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1)
+  [ -n "$CUDA_HOME" ] || CUDA_HOME=/usr/local/cuda
+fi
+[ -f "$CUDA_HOME/include/cuda_fp16.h" ] || { echo "no CUDA headers under $CUDA_HOME: set CUDA_HOME" >&2; exit 1; }
 JOBS=${JOBS:-$(nproc)}
 mkdir -p "$OBJ" "$LIB"
 
+# torch's CUDA headers include cuBLAS / cuSPARSE / cuSOLVER headers: from the toolkit, or from the
+# nvidia-* wheels beside torch (site-packages/nvidia/cu13/include), or EXTRA_INCLUDE.
 TORCH_INC=(-I"$TORCH_DIR/include" -I"$TORCH_DIR/include/torch/csrc/api/include" -I"$PYTHON_INCLUDE"
            -I"$CUDA_HOME/include" -I"$CUDA_HOME/include/cccl")
+[ -d "$TORCH_DIR/../nvidia/cu13/include" ] && TORCH_INC+=(-I"$TORCH_DIR/../nvidia/cu13/include")
+[ -n "${EXTRA_INCLUDE:-}" ] && TORCH_INC+=(-I"$EXTRA_INCLUDE")
 # What torch.utils.cpp_extension adds to every CUDAExtension compile.
 TORCH_DEFS=(-D_GLIBCXX_USE_CXX11_ABI=1 -DTORCH_API_INCLUDE_EXTENSION_H)
 TORCH_NVCC=(-D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__
@@ -82,7 +92,9 @@ job "$OBJ/fa3_unbuilt.o" g++ -c "$HERE/fa3_unbuilt_kernels.cpp" -o "$OBJ/fa3_unb
 t0=$SECONDS
 echo "compiling $(wc -l < "$jobs_file") files, $JOBS at a time"
 # Each line: the object, then its command; the log goes beside the object.
-xargs -P "$JOBS" -L 1 bash -c 'o=$0; "$@" > "$o.log" 2>&1 && echo "  built $(basename "$o")" || { echo "FAILED $(basename "$o"):"; tail -30 "$o.log"; exit 255; }' < "$jobs_file"
+# An object newer than its source is kept (delete .peers/obj for a clean build).
+xargs -P "$JOBS" -L 1 bash -c 'o=$0; [ "$o" -nt "$3" ] && exit 0
+  "$@" > "$o.log" 2>&1 && echo "  built $(basename "$o")" || { echo "FAILED $(basename "$o"):"; tail -30 "$o.log"; exit 255; }' < "$jobs_file"
 echo "compiled in $((SECONDS - t0)) s"
 
 LINK=(-shared -L"$TORCH_DIR/lib" -lc10 -ltorch -ltorch_cpu -ltorch_python -lc10_cuda -ltorch_cuda
