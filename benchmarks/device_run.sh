@@ -213,7 +213,7 @@ run_sanitize() {
 # Per-kernel GPU time (scheduler, decode, combine) of one call per config, and the decode kernel's
 # speed-of-light and stall summary for the first config. ncu serialises the kernels (no PDL
 # overlap), so the durations add up to more than a back-to-back call costs.
-# NCU_VARIANTS (as AB_VARIANTS, e.g. "JAX_MLA_SM90_NARROW=1,PROFILE_NUM_PARTS=16"): the kernel times once
+# NCU_VARIANTS (as AB_VARIANTS, e.g. "PROFILE_NUM_PARTS=16"): the kernel times once
 # per variant; NCU_SOL=0 skips the speed-of-light sections of the first config.
 run_ncu() {
   echo "== ncu"

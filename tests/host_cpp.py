@@ -1,5 +1,5 @@
-"""Builds and runs a host C++ unit test from tests/cpp/ (no GPU, no CUDA toolkit): the shared part of
-test_sm100_descriptors.py and test_sm90_transposed_layout.py. Not collected by pytest."""
+"""Builds and runs a host C++ unit test from tests/cpp/ (no GPU, no CUDA toolkit), for
+test_sm100_descriptors.py. Not collected by pytest."""
 
 from __future__ import annotations
 

@@ -19,15 +19,12 @@
 //   stage ring (DecodeKVProducer, KVPipelineBarriers, KVConsumer): kNumStages stages of 9 boxes, a
 //     stage goes back to the producer as a whole (one empty barrier per stage). SM100 (one
 //     tcgen05.commit frees a stage) and benchmarks/tma_bandwidth.cu.
-//   box ring (BoxRingProducer, BoxRingBarriers, BoxRingConsumer): kNumSlots slots of one box each;
-//     tile g's box b sits in slot (9 g + b) mod kNumSlots. A ring of any size >= 9 works, which lets
-//     a kernel with a small Q (SM90 with <= 16 query rows) keep almost three tiles of KV in flight:
-//     then each slot goes back as soon as the last reader of its box is done (one empty barrier
-//     per slot, one arrival), and the producer waits box by box. When a whole number of tiles fills
-//     the ring (kNumSlots % 9 == 0) the tiles never wrap, and it runs exactly as the stage ring:
-//     one empty barrier per tile position (that of its box 0) with one arrival per consumer, one
-//     wait per tile. (Box-by-box release with 18 slots measured 15% slower on b128/4K, H100,
-//     2026-12-05: per-box arrivals and waits on the consumers' critical path, for no earlier load.)
+//   box ring (BoxRingProducer, BoxRingBarriers, BoxRingConsumer): kNumSlots slots of one box each,
+//     a whole number of tiles (kNumSlots % 9 == 0), so tile g's box b sits in slot
+//     (9 g + b) mod kNumSlots and the tiles never wrap. It runs as the stage ring does: one empty
+//     barrier per tile position (that of its box 0) with one arrival per consumer, one wait per
+//     tile; but every box has its own slot and full barrier, which lets a tile's boxes load as
+//     grouped copies (kBoxesPerGroup). SM90.
 //
 // Clusters: the CTAs of a cluster that walk the same tile sequence (e.g. the row blocks of one
 // split-KV part) share every tile: CTA rank k loads the boxes b with b % cluster_size == k by TMA
@@ -231,24 +228,22 @@ struct NoHook {
 // The producer thread's whole job, shared by the SM90 and SM100 kernels and by both rings: walk the
 // pieces of one split-KV part (scheduler.h) and, per piece, load Q of this CTA's row block once the
 // consumers released the previous piece's Q (q_empty, parity of the piece count), then the piece's
-// KV tiles into the ring. kQRows: the Q rows kept in shared memory per row block (the tensor map's
-// box rows; 64, or 16 for SM90's narrow shape), stored as 9 boxes of (kQRows, 64). Hooks keep each
+// KV tiles into the ring. Q of a row block (the tensor map's
+// box rows), stored as 9 boxes of (BLK_M, 64). Hooks keep each
 // kernel's own bookkeeping (bad block-table entries, the trace):
 //   on_piece(parity)   after the previous piece's Q was released, before this piece's Q load;
 //   on_tile(parity, stage, ok)  after acquire() (the stage, or the slot of box 0, is free), before
 //                      the tile's arrivals, so a consumer that has waited for the tile also sees what
 //                      the hook wrote;
 //   on_loaded()        after the tile's copies were issued (optional; the SM90 event trace).
-template <int kQRows = kBlockM, typename Producer, typename Element, typename OnPiece, typename OnTile,
-          typename OnLoaded = NoHook>
+template <typename Producer, typename Element, typename OnPiece, typename OnTile, typename OnLoaded = NoHook>
 __device__ __forceinline__ void produce_part(Producer& producer, const DecodeParams& p, const CUtensorMap* q_map,
                                              const CUtensorMap* kv_map, const int32_t* part_info,
                                              const int32_t* split_offsets, int m_block,
-                                             Element* q_smem,  // (9 boxes, kQRows, 64)
+                                             Element* q_smem,  // (9 boxes, BLK_M, 64)
                                              uint64_t* q_full, uint64_t* q_empty, OnPiece on_piece, OnTile on_tile,
                                              OnLoaded on_loaded = {}) {
-  static_assert(kQRows % 8 == 0 && kQRows <= kBlockM, "Q boxes are whole 8-row swizzle atoms of one row block");
-  constexpr int kQBoxElems = kQRows * kKvBoxCols;
+  constexpr int kQBoxElems = kBlockM * kKvBoxCols;
   const int log2_page = 31 - __clz(p.page_size);
   producer.set_l2_hint(p.kv_l2_hint);
   int piece_count = 0;
@@ -260,7 +255,7 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePar
     ptx::mbarrier_wait(q_empty, parity ^ 1);
     on_piece(parity);
     ptx::mbarrier_arrive_expect_tx(q_full, kKvBoxesQK * kQBoxElems * 2);
-    const int q_row = r * p.rows + m_block * kQRows;  // row blocks of kQRows rows
+    const int q_row = r * p.rows + m_block * kBlockM;
 #pragma unroll 1
     for (int box = 0; box < kKvBoxesQK; ++box) {
       ptx::tma_load_2d(q_smem + box * kQBoxElems, q_map, q_full, box * kKvBoxCols, q_row);
@@ -310,11 +305,7 @@ struct KVConsumer {
 // ---------------------------------------------------------------------------------------------
 // The box ring (see the top of this file).
 
-// Whether a ring of kNumSlots holds whole tiles only (no tile wraps): then it is released per tile.
-template <int kNumSlots>
-inline constexpr bool kWholeTileRing = kNumSlots % kKvBoxesQK == 0;
-
-// Grouped copies (whole-tile rings, pages of >= 64 tokens, no cluster): a tile's 9 boxes come as
+// Grouped copies (pages of >= 64 tokens, no cluster): a tile's 9 boxes come as
 // 3 copies of 3 boxes each through the cache's column-box view (tensor_map.h
 // make_tensor_map_col_boxes), each completing the barrier of its first box's slot; consumers then
 // wait on that barrier for each of the 3 boxes. benchmarks/tma_bandwidth.cu (copy mode, H100,
@@ -326,36 +317,30 @@ static_assert(kKvBoxesQK % kBoxesPerGroup == 0);
 // The barriers of a box ring; lives in shared memory.
 template <int kNumSlots>
 struct BoxRingBarriers {
+  static_assert(kNumSlots % kKvBoxesQK == 0, "a box ring holds whole tiles");
   uint64_t full[kNumSlots];   // producer -> consumers: completed by the TMA bytes of the box in the slot
-  // consumers -> producer. Box by box: box_releases arrivals per CTA of the cluster (1: the box's
-  // last reader releases it; 2: each of two consumers that both read every box). Whole-tile ring:
-  // only the barrier of each tile's box 0 slot, one arrival per consumer per CTA.
+  // consumers -> producer: only the barrier of each tile's box 0 slot is used, one arrival per
+  // consumer per CTA of the cluster.
   uint64_t empty[kNumSlots];
 
   // Called by one thread before any use; the caller fences and syncs (the whole cluster) afterwards.
-  __device__ __forceinline__ void init(int num_consumers, int cluster_size = 1, int box_releases = 1) {
+  __device__ __forceinline__ void init(int num_consumers, int cluster_size = 1) {
     for (int s = 0; s < kNumSlots; ++s) {
       ptx::mbarrier_init(&full[s], 1);
-      ptx::mbarrier_init(&empty[s], (kWholeTileRing<kNumSlots> ? num_consumers : box_releases) * cluster_size);
+      ptx::mbarrier_init(&empty[s], num_consumers * cluster_size);
     }
   }
 };
 
-// Where one tile's 9 boxes sit in a box ring: box b in slot first + b, wrapping once past the end
-// (the slots after the wrap are on their next fill, so their phase is the other one). Every thread
-// of the CTA walks the same tile sequence, so every copy of this position agrees.
+// Where one tile's 9 boxes sit in a box ring: box b in slot first + b (whole tiles: no wrap). Every
+// thread of the CTA walks the same tile sequence, so every copy of this position agrees.
 template <int kNumSlots>
 struct TileSlots {
-  static_assert(kNumSlots >= kKvBoxesQK, "a tile must fit in the ring");
+  static_assert(kNumSlots % kKvBoxesQK == 0, "a box ring holds whole tiles");
   int first = 0;       // slot of box 0
-  uint32_t phase = 0;  // parity of slot `first`'s current fill
-  __device__ __forceinline__ int slot(int box) const {
-    const int s = first + box;
-    return kWholeTileRing<kNumSlots> || s < kNumSlots ? s : s - kNumSlots;
-  }
-  __device__ __forceinline__ uint32_t phase_of(int box) const {
-    return kWholeTileRing<kNumSlots> || first + box < kNumSlots ? phase : phase ^ 1u;
-  }
+  uint32_t phase = 0;  // parity of the current fill of the tile's slots
+  __device__ __forceinline__ int slot(int box) const { return first + box; }
+  __device__ __forceinline__ uint32_t phase_of(int) const { return phase; }
   __device__ __forceinline__ void advance() {
     first += kKvBoxesQK;
     if (first >= kNumSlots) {
@@ -370,9 +355,8 @@ struct TileSlots {
   }
 };
 
-// Producer side of a box ring: the same tile lookup and box copies as DecodeKVProducer, but each
-// box waits only for its own slot (whole-tile ring: the tile's position, once), so the first boxes
-// of a tile load while later slots are still being read.
+// Producer side of a box ring: the same tile lookup and box copies as DecodeKVProducer; a tile waits
+// for its position once (acquire), then its boxes load one by one or as grouped copies.
 template <typename Element, int kNumSlots>
 struct BoxRingProducer {
   BoxRingBarriers<kNumSlots>* bars;
@@ -383,8 +367,8 @@ struct BoxRingProducer {
   KvL2Hint l2_hint = KvL2Hint::kNone;
   uint64_t l2_policy = 0;
   // Grouped copies (see kBoxesPerGroup) when set: the column-box view of the cache, box
-  // (64, 64, kBoxesPerGroup). Only for whole-tile rings, pages of >= 64 tokens and no cluster; the
-  // consumers must be told (BoxRingConsumer::grouped).
+  // (64, 64, kBoxesPerGroup). Only for pages of >= 64 tokens and no cluster; the consumers must be
+  // told (BoxRingConsumer::grouped).
   const CUtensorMap* group_map = nullptr;
 
   __device__ __forceinline__ void set_l2_hint(KvL2Hint hint) {
@@ -394,36 +378,33 @@ struct BoxRingProducer {
   __device__ __forceinline__ TileSource locate_tile(const PagedKV& kv, int first_token) const {
     return jax_mla::locate_tile(kv, first_token);
   }
-  // Waits until box `box` of the current tile may be overwritten (the producer starts at phase 1,
-  // so the first pass over the ring does not wait).
-  __device__ __forceinline__ void acquire_box(int box) const {
-    ptx::mbarrier_wait(&bars->empty[tile.slot(box)], tile.phase_of(box) ^ 1u);
+  // Waits until the tile's position may be overwritten (the producer starts at phase 1, so the
+  // first pass over the ring does not wait). produce_part's hook runs after this, before any
+  // arrival of the tile.
+  __device__ __forceinline__ void acquire() const {
+    ptx::mbarrier_wait(&bars->empty[tile.slot(0)], tile.phase_of(0) ^ 1u);
   }
-  // The slot of box 0 is free (produce_part's hook runs after this, before any arrival of the tile).
-  __device__ __forceinline__ void acquire() const { acquire_box(0); }
-  // Issues the tile's copies box by box, each once its slot is free (box 0's slot: acquire()).
+  // Issues the tile's copies (after acquire()).
   __device__ __forceinline__ void load_tile(const PagedKV& kv, const TileSource& t) {
-    if constexpr (kWholeTileRing<kNumSlots>) {
-      if (group_map != nullptr) {
-        // One cache row per tile (pages of >= 64 tokens); the slots of a tile are consecutive.
+    if (group_map != nullptr) {
+      // One cache row per tile (pages of >= 64 tokens); the slots of a tile are consecutive.
 #pragma unroll 1
-        for (int box = 0; box < kKvBoxesQK; box += kBoxesPerGroup) {
-          const int slot = tile.slot(box);
-          uint64_t* bar = &bars->full[slot];
-          ptx::mbarrier_arrive_expect_tx(bar, kBoxesPerGroup * kKvBoxBytes);
-          Element* dst = smem + static_cast<size_t>(slot) * kKvBoxElems;
-          if (l2_hint == KvL2Hint::kNone) {
-            ptx::tma_load_3d(dst, group_map, bar, 0, t.rows[0], box);
-          } else {
-            ptx::tma_load_3d_hint(dst, group_map, bar, 0, t.rows[0], box, l2_policy);
-          }
+      for (int box = 0; box < kKvBoxesQK; box += kBoxesPerGroup) {
+        const int slot = tile.slot(box);
+        uint64_t* bar = &bars->full[slot];
+        ptx::mbarrier_arrive_expect_tx(bar, kBoxesPerGroup * kKvBoxBytes);
+        Element* dst = smem + static_cast<size_t>(slot) * kKvBoxElems;
+        if (l2_hint == KvL2Hint::kNone) {
+          ptx::tma_load_3d(dst, group_map, bar, 0, t.rows[0], box);
+        } else {
+          ptx::tma_load_3d_hint(dst, group_map, bar, 0, t.rows[0], box, l2_policy);
         }
-        return;
       }
+      return;
     }
+    // Pages of < 64 tokens: box by box, each box one copy per page chunk.
 #pragma unroll 1
     for (int box = 0; box < kKvBoxesQK; ++box) {
-      if (!kWholeTileRing<kNumSlots> && box > 0) acquire_box(box);
       const int slot = tile.slot(box);
       uint64_t* bar = &bars->full[slot];
       ptx::mbarrier_arrive_expect_tx(bar, kKvBoxBytes);
@@ -443,27 +424,12 @@ struct BoxRingConsumer {
   bool grouped = false;  // the producer loads grouped copies (its group_map is set)
 
   __device__ __forceinline__ void wait_box(const TileSlots<kNumSlots>& t, int box) const {
-    // Grouped copies complete the barrier of the group's first box (whole-tile rings only).
-    const int leader = kWholeTileRing<kNumSlots> && grouped ? box - box % kBoxesPerGroup : box;
+    // Grouped copies complete the barrier of the group's first box.
+    const int leader = grouped ? box - box % kBoxesPerGroup : box;
     ptx::mbarrier_wait(&bars->full[t.slot(leader)], t.phase_of(leader));
   }
-  // Hands boxes [b0, b0 + kCount) of tile t back to the producer: one elected thread of the boxes'
-  // last reader, after its MMAs reading them completed. Box-by-box rings only.
-  template <int kCount>
-  __device__ __forceinline__ void release_boxes(const TileSlots<kNumSlots>& t, int b0) const {
-    static_assert(!kWholeTileRing<kNumSlots>, "a whole-tile ring is released per tile (release_tile)");
-    if (cluster_size == 1) {
-#pragma unroll
-      for (int b = 0; b < kCount; ++b) ptx::mbarrier_arrive(&bars->empty[t.slot(b0 + b)]);
-    } else {
-#pragma unroll
-      for (int b = 0; b < kCount; ++b)
-        for (int r = 0; r < cluster_size; ++r) ptx::mbarrier_arrive_cluster(&bars->empty[t.slot(b0 + b)], r);
-    }
-  }
-  // This consumer is done with tile t (whole-tile rings: one arrival per consumer).
+  // This consumer is done with tile t (one arrival per consumer), after its MMAs reading it completed.
   __device__ __forceinline__ void release_tile(const TileSlots<kNumSlots>& t) const {
-    static_assert(kWholeTileRing<kNumSlots>, "a box-by-box ring is released per box (release_boxes)");
     uint64_t* bar = &bars->empty[t.first];
     if (cluster_size == 1) {
       ptx::mbarrier_arrive(bar);

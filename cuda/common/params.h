@@ -14,17 +14,6 @@ enum class DType : int { kBF16 = 0, kF16 = 1 };
 // L2 eviction priority of the KV cache copies (GPU kernels with a TMA producer).
 enum class KvL2Hint : int { kNone = 0, kEvictFirst = 1, kEvictLast = 2 };
 
-// SM90 kernel for requests of <= 16 query rows (cuda/sm90/config.h, transposed_kernel.cuh), in the
-// order of JAX_MLA_SM90_NARROW's names 0, 1, transposed, transposed_pipelined, transposed_splitk.
-// All pass the GPU suite; none is the default (docs/performance.md, twelfth session).
-enum class Sm90SmallRows : int {
-  kWide = 0,                // the wide shape, as every other request
-  kNarrow = 1,              // Q of 16 rows, a 25-slot ring, wgmma still 64 rows
-  kTransposed = 2,          // S^T = K Q^T, O^T = V^T P^T with m64n16k16
-  kTransposedPipelined = 3, // ... with the next tile's S^T issued behind each P V
-  kTransposedSplitK = 4,    // ... pipelined, S^T's k-steps split between the consumers
-};
-
 struct DecodeParams {
   // Shapes.
   int batch;         // b
@@ -52,10 +41,7 @@ struct DecodeParams {
   // SM90 with clusters: whether the CTAs of a cluster share each KV tile by multicast (true), or
   // the cluster only places a part's row blocks on one GPC and each CTA loads its own tiles.
   bool cluster_shares_tiles = true;
-  // SM90: the kernel for requests of at most 16 query rows (s_q * h_q); the CUDA handler sets it
-  // from JAX_MLA_SM90_NARROW (names in Sm90SmallRows' order; default 0, the wide shape).
-  Sm90SmallRows sm90_small_rows = Sm90SmallRows::kWide;
-  // SM90 wide shape, pages of >= 64 tokens, no cluster: each KV tile as 3 TMA copies of 3 boxes
+  // SM90, pages of >= 64 tokens, no cluster: each KV tile as 3 TMA copies of 3 boxes
   // (kv_producer.cuh kBoxesPerGroup) instead of 9 copies of one box. The CUDA handler sets it from
   // JAX_MLA_SM90_KV_COPY (group, its default | box).
   bool sm90_grouped_copies = false;
@@ -68,7 +54,7 @@ struct DecodeParams {
   bool fused_merge = false;
   int* merge_counters = nullptr;
 
-  // SM90 wide and narrow shapes: how far (log2 units) a row's score max may run ahead of the
+  // SM90: how far (log2 units) a row's score max may run ahead of the
   // reference the softmax subtracts before the reference moves and O is rescaled. 0: the reference
   // is the exact running max (O rescaled whenever a row's max grows). kLazyRescaleSlack: the
   // reference moves only when the max grows by more than that, so P stays <= 2^slack and most

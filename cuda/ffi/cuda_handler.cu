@@ -79,9 +79,6 @@ int g_trace_ctas = 0;
 
 std::atomic<long long> g_decode_calls{0};
 std::atomic<long long> g_decode_captured{0};
-// SM90 launches on the shapes for <= 16 rows (sm90/launch.h), so a test of an opt-in shape can check
-// that it ran rather than the wide shape.
-std::atomic<long long> g_sm90_narrow_launches{0};
 std::atomic<long long> g_sm90_fused_merge_launches{0};
 // JAX_MLA_SM90_MERGE's values, in env_choice order.
 constexpr int kSm90MergeCombine = 0, kSm90MergeFused = 1, kSm90MergeAuto = 2;
@@ -89,7 +86,6 @@ std::atomic<int> g_sm90_merge_override{-1};  // set_sm90_merge_override: -1 = JA
 // JAX_MLA_SM90_RESCALE's values, in env_choice order.
 constexpr int kSm90RescaleExact = 0, kSm90RescaleLazy = 1;
 std::atomic<int> g_sm90_rescale_override{-1};  // set_sm90_rescale_override: -1 = JAX_MLA_SM90_RESCALE
-std::atomic<long long> g_sm90_transposed_launches{0};
 
 // Whether the SM90 kernel uses row-block clusters by default (measured slower: docs/performance.md v5).
 constexpr bool kSm90ClusterDefault = false;
@@ -124,13 +120,6 @@ struct ProcessEnv {
   // Launch-time experiments, measured in docs/performance.md (defaults: what measured fastest).
   KvL2Hint kv_l2_hint = KvL2Hint::kNone;  // JAX_MLA_KV_L2_HINT: none (default) | evict_first | evict_last
   bool row_blocks_adjacent = true;  // JAX_MLA_SM90_GRID: row_blocks_adjacent (default) | parts_major
-  // JAX_MLA_SM90_NARROW: 0 (default: every request on the wide shape) | 1 (<= 16 rows on the narrow
-  // shape; not faster on an H100, not yet measured on an H200: docs/performance.md, 2026-12-05) |
-  // transposed | transposed_pipelined | transposed_splitk (the transposed kernel's variants,
-  // cuda/sm90/transposed_kernel.cuh; its first design was 5-7% slower than the wide shape on
-  // b64/h16 on an H200; the current one is level with it on an H100, where that config is
-  // load-bound, and not yet measured on an H200: docs/performance.md, twelfth session).
-  Sm90SmallRows sm90_small_rows = Sm90SmallRows::kWide;
   // JAX_MLA_SM90_KV_COPY: group (default: 3 copies of 3 boxes per KV tile; kv_producer.cuh) | box
   // (9 copies of one box). On an H100, group was 1.6% faster on b64/h16 in both A/B pairs, level or
   // 4% faster on b128/4K (docs/performance.md, 2026-12-05, tenth session); not measured on an H200.
@@ -167,7 +156,7 @@ const ProcessEnv& process_env() {
     e.self_check = c ? c : "";
     e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
     // Tuning switches (not semantics): JAX_MLA_SM90_CLUSTER, JAX_MLA_KV_L2_HINT, JAX_MLA_SM90_GRID,
-    // JAX_MLA_SM90_NARROW, JAX_MLA_SM90_KV_COPY, JAX_MLA_SM90_MERGE, JAX_MLA_SM90_RESCALE.
+    // JAX_MLA_SM90_KV_COPY, JAX_MLA_SM90_MERGE, JAX_MLA_SM90_RESCALE.
     const int cluster = env_choice("JAX_MLA_SM90_CLUSTER", {"0", "1", "placement"}, -1);
     if (cluster >= 0) e.sm90_cluster = cluster == 0 ? 0 : 1;
     e.sm90_cluster_placement = cluster == 2;
@@ -176,9 +165,6 @@ const ProcessEnv& process_env() {
     e.kv_l2_hint = static_cast<KvL2Hint>(hint);  // names in KvL2Hint's order
     e.row_blocks_adjacent = env_choice("JAX_MLA_SM90_GRID", {"parts_major", "row_blocks_adjacent"},
                                        e.row_blocks_adjacent ? 1 : 0) == 1;
-    e.sm90_small_rows = static_cast<Sm90SmallRows>(  // names in Sm90SmallRows' order
-        env_choice("JAX_MLA_SM90_NARROW", {"0", "1", "transposed", "transposed_pipelined", "transposed_splitk"},
-                   static_cast<int>(e.sm90_small_rows)));
     e.sm90_grouped_copies = env_choice("JAX_MLA_SM90_KV_COPY", {"box", "group"}, e.sm90_grouped_copies ? 1 : 0) == 1;
     e.sm90_merge_mode = env_choice("JAX_MLA_SM90_MERGE", {"combine", "fused", "auto"}, e.sm90_merge_mode);
     e.sm90_rescale_mode = env_choice("JAX_MLA_SM90_RESCALE", {"exact", "lazy"}, e.sm90_rescale_mode);
@@ -337,7 +323,6 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   p.kv_l2_hint = process_env().kv_l2_hint;
   p.row_blocks_adjacent = process_env().row_blocks_adjacent && p.cluster_row_blocks == 1;
   p.cluster_shares_tiles = !process_env().sm90_cluster_placement;
-  p.sm90_small_rows = process_env().sm90_small_rows;
   p.sm90_grouped_copies = process_env().sm90_grouped_copies;
 #if JAX_MLA_TRACE_BUFFER
   if (device == 0) {
@@ -365,11 +350,6 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_mla_decode: ") + st.what);
   }
   if (st.fused_merge) g_sm90_fused_merge_launches.fetch_add(1, std::memory_order_relaxed);
-  if (sel.kernel == Kernel::kSm90 && sm90::uses_transposed_shape(p)) {
-    g_sm90_transposed_launches.fetch_add(1, std::memory_order_relaxed);
-  } else if (sel.kernel == Kernel::kSm90 && sm90::uses_narrow_shape(p)) {
-    g_sm90_narrow_launches.fetch_add(1, std::memory_order_relaxed);
-  }
   return ffi::Error::Success();
 }
 
@@ -430,9 +410,7 @@ int set_sm90_rescale_override(int mode) {
 
 CudaCallStats cuda_call_stats() {
   CudaCallStats st{g_decode_calls.load(std::memory_order_relaxed), g_decode_captured.load(std::memory_order_relaxed),
-                   0, 0, g_sm90_narrow_launches.load(std::memory_order_relaxed),
-                   g_sm90_transposed_launches.load(std::memory_order_relaxed),
-                   g_sm90_fused_merge_launches.load(std::memory_order_relaxed)};
+                   0, 0, g_sm90_fused_merge_launches.load(std::memory_order_relaxed)};
   if (g_devices[0].ready.load(std::memory_order_acquire)) {
     st.sm90_cluster_row_blocks = g_devices[0].sm90_cluster_row_blocks;
     st.sm90_max_active_clusters = g_devices[0].sm90_max_active_clusters;

@@ -59,12 +59,10 @@ cudaError_t setup_decode_kernels(int cc_major, int cc_minor) {
 namespace {
 
 // The TMA descriptors of the SM90 / SM100 kernels: (b * s_q * h_q, 576) for Q in boxes of
-// (q_box_rows, 64) (the kernel's: 64, or 16 for SM90's narrow shape); (num_pages * page_size, 576)
-// for the cache in boxes of (min(page_size, 64), 64).
-bool make_decode_maps(const DecodeParams& p, int q_box_rows, CUtensorMap* q_map, CUtensorMap* kv_map,
-                      const char** error) {
+// (64, 64); (num_pages * page_size, 576) for the cache in boxes of (min(page_size, 64), 64).
+bool make_decode_maps(const DecodeParams& p, CUtensorMap* q_map, CUtensorMap* kv_map, const char** error) {
   return make_tensor_map_2d(q_map, p.q, p.dtype, static_cast<uint64_t>(p.batch) * p.rows, kHeadDimQK, kHeadDimQK,
-                            q_box_rows, 64, error) &&
+                            kBlockM, 64, error) &&
          make_tensor_map_2d(kv_map, p.kv_cache, p.dtype, static_cast<uint64_t>(p.num_pages) * p.page_size,
                             kHeadDimQK, kHeadDimQK, p.page_size < kBlockN ? p.page_size : kBlockN, 64, error);
 }
@@ -76,8 +74,7 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedu
   const bool bf16 = p.dtype == DType::kBF16;
   CUtensorMap q_map, kv_map, kv_group_map;
   if (kernel == Kernel::kSm90 || kernel == Kernel::kSm100) {
-    const int q_box_rows = kernel == Kernel::kSm90 ? sm90::q_box_rows(p) : kBlockM;
-    if (!make_decode_maps(p, q_box_rows, &q_map, &kv_map, &st.what)) return st;  // what = the driver's reason
+    if (!make_decode_maps(p, &q_map, &kv_map, &st.what)) return st;  // what = the driver's reason
     // SM90's grouped copies (kv_producer.cuh kBoxesPerGroup): the column-box view, pages of >= 64
     // tokens only (the kernel uses it only then); otherwise a copy of kv_map stands in, unused.
     kv_group_map = kv_map;

@@ -19,8 +19,6 @@ struct CudaCallStats {
   long long decode_captured;
   int sm90_cluster_row_blocks;
   int sm90_max_active_clusters;
-  long long sm90_narrow_launches;      // SM90 decode launches on the narrow shape (JAX_MLA_SM90_NARROW=1)
-  long long sm90_transposed_launches;  // ... on the transposed kernel (JAX_MLA_SM90_NARROW=transposed*)
   long long sm90_fused_merge_launches; // decode calls whose kernel merged the splits (JAX_MLA_SM90_MERGE auto / fused)
 };
 CudaCallStats cuda_call_stats();

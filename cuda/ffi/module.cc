@@ -146,8 +146,6 @@ nb::dict cuda_call_stats() {
   d["decode_captured"] = st.decode_captured;
   d["sm90_cluster_row_blocks"] = st.sm90_cluster_row_blocks;
   d["sm90_max_active_clusters"] = st.sm90_max_active_clusters;
-  d["sm90_narrow_launches"] = st.sm90_narrow_launches;
-  d["sm90_transposed_launches"] = st.sm90_transposed_launches;
   d["sm90_fused_merge_launches"] = st.sm90_fused_merge_launches;
 #else
   d["decode_calls"] = 0;

@@ -1,5 +1,5 @@
 // The SM90 MLA decode kernel: roles, main loop and the "seesaw" protocol between the two consumers.
-// See config.h for the CTA layout and the two shapes, docs/design.md for the semantics.
+// See config.h for the CTA layout and the shared-memory plan, docs/design.md for the semantics.
 //
 // Grid: (num_parts, num_m_blocks), or (num_m_blocks, num_parts) with p.row_blocks_adjacent. CTA
 // (p, mb) walks the pieces of work of part p of the split-KV schedule (cuda/common/scheduler.h)
@@ -7,7 +7,7 @@
 //
 // The CTA's KV tiles form one sequence g = 0, 1, 2, ... over all its pieces (the producer's ring
 // order): tile g's boxes sit in the box ring (kv_producer.cuh) at slots 9 g .. 9 g + 8 (mod the
-// ring size), and tile g is owned by consumer w = g % 2. Both consumers keep the same running row
+// 18 slots), and tile g is owned by consumer w = g % 2. Both consumers keep the same running row
 // max m; consumer w accumulates O_w = O[:, 256 w : 256 w + 256] over every tile.
 //   owner of tile g:     S = Q K_g^T (64, 64), K = 576 (36 wgmma m64n64k16, waits box by box);
 //                        m_g = max(m_{g-1}, rowmax S); P = exp2(S * scale_log2 - m_g);
@@ -19,13 +19,8 @@
 //                        (wgmma_wait<1>), releases its boxes of tile g, then issues S's other eight boxes.
 // So each consumer's wgmma stream is S_g, PV_g (own), PV_{g+1} (other's), S_{g+2}, ... and while one
 // consumer runs its softmax the tensor cores work on the other one's wgmmas. Each consumer hands
-// back tile g as soon as its P V of the tile completed: in the wide shape the ring holds two whole
-// tiles and tile g's position goes back once both consumers are done with it (the stage ring of
-// before, same code); in the narrow shape each consumer hands back the boxes whose last reader it
-// is (its four V boxes, and the RoPE box, which holds P, if it is not the owner) and the producer
-// refills the ring slot by slot.
-// In the narrow shape a consumer's four V boxes may wrap around the end of the ring, so its P V
-// runs box by box (m64n64k16) instead of as one m64n256k16 over the four.
+// back tile g as soon as its P V of the tile completed: the ring holds two whole tiles and tile g's
+// position goes back once both consumers are done with it.
 // Both consumers run the same code (roles follow from g), with warp-uniform branches only, which
 // keeps ptxas from serialising wgmmas on paths it cannot prove warp-uniform.
 #pragma once
@@ -49,22 +44,20 @@
 
 namespace jax_mla::sm90 {
 
-// Storage: SharedStorage<Element, Shape> or TransposedStorage<Element> (the fields q, kv, kv_bars,
-// q_full, q_empty, bad_request).
-template <typename Element, typename Shape, typename Storage>
-__device__ __forceinline__ void producer_main(Storage& s, const DecodeParams& p,
+template <typename Element>
+__device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const DecodeParams& p,
                                               const CUtensorMap* q_map, const CUtensorMap* kv_map,
                                               const CUtensorMap* kv_group_map, const int32_t* part_info,
                                               const int32_t* split_offsets, int m_block, int cta_rank,
                                               int cluster_size) {
-  BoxRingProducer<Element, Shape::kNumSlots> producer{&s.kv_bars, &s.kv[0][0], {}, cta_rank, cluster_size};
+  BoxRingProducer<Element, kNumSlots> producer{&s.kv_bars, &s.kv[0][0], {}, cta_rank, cluster_size};
   producer.group_map = kv_group_map;
   Tracer tr;
   tr.init(p, 0, true);  // this is the producer's one thread
   tr.mark(kTrProducerStart);
   // A bad block-table entry anywhere in a piece makes the whole request NaN: the flag is per piece
   // (parity), cleared before its Q load and set before the bad tile's arrivals.
-  produce_part<Shape::kQRows>(
+  produce_part(
       producer, p, q_map, kv_map, part_info, split_offsets, m_block, &s.q[0][0], &s.q_full, &s.q_empty,
       [&](int parity) {
         tr.mark(kTrQSlotFree);
@@ -78,7 +71,7 @@ __device__ __forceinline__ void producer_main(Storage& s, const DecodeParams& p,
   tr.finish();
 }
 
-// What a CTA of either SM90 kernel works on: its row block and its part's schedule entry. The grid
+// What a CTA works on: its row block and its part's schedule entry. The grid
 // is (row blocks, parts) when p.row_blocks_adjacent (the row blocks of a part, which read the same
 // tiles, get consecutive CTA ids), else (parts, row blocks).
 struct CtaWork {
@@ -94,9 +87,8 @@ struct CtaWork {
 };
 
 // A consumer's view of the ring position of the CTA's next tile, and who owns that tile.
-template <typename Shape>
 struct TileCursor {
-  TileSlots<Shape::kNumSlots> slots;
+  TileSlots<kNumSlots> slots;
   int owner = 0;  // g % 2
   __device__ __forceinline__ void advance() {
     slots.advance();
@@ -109,17 +101,17 @@ struct TileCursor {
   }
 };
 
-template <typename Element, typename Shape>
-__device__ __forceinline__ uint32_t slot_addr(SharedStorage<Element, Shape>& s, const TileCursor<Shape>& t, int box) {
+template <typename Element>
+__device__ __forceinline__ uint32_t slot_addr(SharedStorage<Element>& s, const TileCursor& t, int box) {
   return ptx::smem_addr(&s.kv[t.slots.slot(box)][0]);
 }
 
 // Issues the part of S = Q K^T for tile t that reads boxes [box_begin, box_end) as one wgmma
 // group, waiting on each box as it lands; box_begin == 0 starts the accumulator at zero. The
 // caller waits for the group(s).
-template <typename Element, typename Shape>
-__device__ __forceinline__ void issue_scores(SharedStorage<Element, Shape>& s, const BoxRingConsumer<Shape::kNumSlots>& kv,
-                                             const TileCursor<Shape>& t, ScoreFragment& sc, Tracer& tr,
+template <typename Element>
+__device__ __forceinline__ void issue_scores(SharedStorage<Element>& s, const BoxRingConsumer<kNumSlots>& kv,
+                                             const TileCursor& t, ScoreFragment& sc, Tracer& tr,
                                              int box_begin = 0, int box_end = kKvBoxesQK) {
   const uint32_t q_base = ptx::smem_addr(&s.q[0][0]);
   wgmma_fence();
@@ -129,11 +121,10 @@ __device__ __forceinline__ void issue_scores(SharedStorage<Element, Shape>& s, c
     kv.wait_box(t.slots, box);
     if (box == kKvBoxesQK - 1) tr.mark(kTrLastBoxReady);
     const uint32_t k_box = slot_addr(s, t, box);
-    const uint32_t q_box = q_base + box * Shape::kQBoxElems * 2;
+    const uint32_t q_box = q_base + box * kQBoxElems * 2;
 #pragma unroll
     for (int kk = 0; kk < kKvBoxCols / 16; ++kk) {
-      // 16 columns = 32 bytes inside the swizzled row. Q's descriptor covers 64 rows: for the narrow
-      // shape rows kQRows..63 run on past the box (masked rows, see config.h).
+      // 16 columns = 32 bytes inside the swizzled row.
       wgmma_m64n64k16_ss<Element>(sc, desc_k_major(q_box + kk * 32), desc_k_major(k_box + kk * 32), box | kk);
     }
   }
@@ -144,68 +135,35 @@ __device__ __forceinline__ void issue_scores(SharedStorage<Element, Shape>& s, c
 __device__ __forceinline__ int v_box0(int consumer) { return consumer * kVBoxesPerConsumer; }
 
 // O_w += P V[:, 256 w : 256 w + 256] for tile t, A = P (64, 64) in registers (kPInRegs: the
-// owner's own tile, pf) or from the tile's RoPE box (the other's tile). When whole tiles fill the
-// ring (wide shape), a consumer's four V boxes are always in consecutive slots: one m64n256k16 per
-// 16 keys, B spanning the four boxes (LBO = box bytes). Otherwise (narrow shape) they may wrap
-// around the ring's end: one m64n64k16 per box and 16 keys on that box's 32 registers of O, always,
-// since a run-time choice between the two forms costs ptxas the registers to pipeline the wgmmas
-// (C7511, every wgmma serialised).
-template <typename Element, typename Shape, bool kPInRegs>
-__device__ __forceinline__ void issue_pv(SharedStorage<Element, Shape>& s, const TileCursor<Shape>& t, int consumer,
+// owner's own tile, pf) or from the tile's RoPE box (the other's tile). A consumer's four V boxes
+// are in consecutive slots (whole tiles fill the ring): one m64n256k16 per 16 keys, B spanning the
+// four boxes (LBO = box bytes).
+template <typename Element, bool kPInRegs>
+__device__ __forceinline__ void issue_pv(SharedStorage<Element>& s, const TileCursor& t, int consumer,
                                          const PFragment& pf, float (&o)[128]) {
   const int b0 = v_box0(consumer);
   const uint32_t p_base = slot_addr(s, t, kKvRopeBox);
   fence_operands(o);
   wgmma_fence();
-  if constexpr (kWholeTileRing<Shape::kNumSlots>) {
-    const uint32_t v_base = slot_addr(s, t, b0);
+  const uint32_t v_base = slot_addr(s, t, b0);
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint64_t desc_v = desc_mn_major(v_base + kk * 16 * 128, kKvBoxBytes);  // keys 16kk..16kk+15
-      if constexpr (kPInRegs) {
-        const uint32_t a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
-        wgmma_m64n256k16_rs<Element>(o, a, desc_v, 1);
-      } else {
-        wgmma_m64n256k16_ss<Element>(o, desc_k_major(p_base + kk * 32), desc_v, 1);
-      }
-    }
-  } else {
-    uint32_t v_box[kVBoxesPerConsumer];
-#pragma unroll
-    for (int j = 0; j < kVBoxesPerConsumer; ++j) v_box[j] = slot_addr(s, t, b0 + j);
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    const uint64_t desc_v = desc_mn_major(v_base + kk * 16 * 128, kKvBoxBytes);  // keys 16kk..16kk+15
+    if constexpr (kPInRegs) {
       const uint32_t a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
-      const uint64_t desc_p = desc_k_major(p_base + kk * 32);
-#define JAX_MLA_PV_BOX(J)                                                                   \
-  {                                                                                         \
-    const uint64_t desc_v = desc_mn_major(v_box[J] + kk * 16 * 128, kKvBoxBytes);           \
-    if constexpr (kPInRegs) {                                                               \
-      wgmma_m64n64k16_rs_tb<Element, 32 * (J)>(o, a, desc_v, 1);                            \
-    } else {                                                                                \
-      wgmma_m64n64k16_ss_tb<Element, 32 * (J)>(o, desc_p, desc_v, 1);                       \
-    }                                                                                       \
-  }
-      JAX_MLA_PV_BOX(0)
-      JAX_MLA_PV_BOX(1)
-      JAX_MLA_PV_BOX(2)
-      JAX_MLA_PV_BOX(3)
-#undef JAX_MLA_PV_BOX
-      (void)a;
-      (void)desc_p;
+      wgmma_m64n256k16_rs<Element>(o, a, desc_v, 1);
+    } else {
+      wgmma_m64n256k16_ss<Element>(o, desc_k_major(p_base + kk * 32), desc_v, 1);
     }
   }
   wgmma_commit();
 }
-static_assert(kVBoxesPerConsumer == 4, "issue_pv's box-by-box path names the four boxes");
 
 // Zeroes rows [first, 64) of V boxes [box0, box0 + kBoxes) of tile t (128 threads): cache slots
-// past seq_len inside the last page, which P multiplies by exactly 0 but which may hold NaN. The
-// seesaw consumers zero only the columns their own P V reads (their kVBoxesPerConsumer boxes), the
-// transposed kernel's owner all eight, after Q K^T (the only other reader) completed.
-// Storage: SharedStorage or TransposedStorage (kv[slot]).
-template <int kBoxes, typename Storage, typename Shape>
-__device__ __forceinline__ void zero_dead_v_rows(Storage& s, const TileCursor<Shape>& t, int box0, int first,
+// past seq_len inside the last page, which P multiplies by exactly 0 but which may hold NaN. Each
+// consumer zeroes only the columns its own P V reads (its kVBoxesPerConsumer boxes).
+template <int kBoxes, typename Element>
+__device__ __forceinline__ void zero_dead_v_rows(SharedStorage<Element>& s, const TileCursor& t, int box0, int first,
                                                  int thread) {
   constexpr int kChunksPerRow = kBoxes * (kKvBoxCols * 2 / 16);  // 16-byte chunks of a row's boxes
   const int total = (kBlockN - first) * kChunksPerRow;
@@ -214,21 +172,6 @@ __device__ __forceinline__ void zero_dead_v_rows(Storage& s, const TileCursor<Sh
     const int box = box0 + (idx % kChunksPerRow) / 8, chunk = idx % 8;
     uint8_t* dst = reinterpret_cast<uint8_t*>(&s.kv[t.slots.slot(box)][0]) + row * 128 + chunk * 16;
     *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-  }
-}
-
-// This consumer is done with tile t (its P V of t completed). Whole-tile ring (wide shape): one
-// arrival; the tile's position frees when both consumers arrived. Box-by-box ring (narrow): the
-// boxes whose last reader this consumer is: its four V boxes, and the RoPE box (P) when the other
-// consumer owns t. One elected thread.
-template <typename Shape>
-__device__ __forceinline__ void release_tile(const BoxRingConsumer<Shape::kNumSlots>& kv, const TileCursor<Shape>& t,
-                                             int consumer) {
-  if constexpr (kWholeTileRing<Shape::kNumSlots>) {
-    kv.release_tile(t.slots);
-  } else {
-    kv.template release_boxes<kVBoxesPerConsumer>(t.slots, v_box0(consumer));
-    if (t.owner != consumer) kv.template release_boxes<1>(t.slots, kKvRopeBox);
   }
 }
 
@@ -265,8 +208,8 @@ __device__ __forceinline__ float rescale_factor(float m_old, float m_new) {
 
 // The owner's step for its tile t, whose scores sc are complete: mask, running max, P, publish P and
 // m for the other consumer, then its own P V (left in flight).
-template <typename Element, typename Shape>
-__device__ __forceinline__ void owner_step(SharedStorage<Element, Shape>& s, const TileCursor<Shape>& t,
+template <typename Element>
+__device__ __forceinline__ void owner_step(SharedStorage<Element>& s, const TileCursor& t,
                                            const RowCoords& rc, int consumer, const TileInfo& ti,
                                            const int (&visible)[2], int visible_min, float scale_log2,
                                            float max_slack, ScoreFragment& sc, PFragment& pf, RowState& rs, float (&o)[128],
@@ -306,14 +249,14 @@ __device__ __forceinline__ void owner_step(SharedStorage<Element, Shape>& s, con
   // The piece's first tile: alpha is 0 (the reference came from -inf) and O is still zero, so the
   // rescale would multiply zeros; the vote in rescale_o cannot see that (alpha != 1).
   if (!ti.first_of_piece) rescale_o(o, alpha);
-  issue_pv<Element, Shape, true>(s, t, consumer, pf, o);
+  issue_pv<Element, true>(s, t, consumer, pf, o);
 }
 
 // The other consumer's step for tile t: adopt the owner's running max, then its own half of P V
 // from the P in smem (left in flight). Requires this consumer's earlier wgmmas on O to have
 // completed.
-template <typename Element, typename Shape>
-__device__ __forceinline__ void other_step(SharedStorage<Element, Shape>& s, const TileCursor<Shape>& t,
+template <typename Element>
+__device__ __forceinline__ void other_step(SharedStorage<Element>& s, const TileCursor& t,
                                            const RowCoords& rc, int consumer, const TileInfo& ti, RowState& rs,
                                            const PFragment& pf, float (&o)[128], Tracer& tr) {
   const int thread = threadIdx.x % 128;
@@ -333,21 +276,21 @@ __device__ __forceinline__ void other_step(SharedStorage<Element, Shape>& s, con
     ptx::named_barrier_sync(kBarConsumer + consumer, 128);
   }
   if (!ti.first_of_piece) rescale_o(o, alpha);  // as in owner_step: O is still zero
-  issue_pv<Element, Shape, false>(s, t, consumer, pf, o);
+  issue_pv<Element, false>(s, t, consumer, pf, o);
 }
 
-template <typename Element, typename Shape>
-__device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, const DecodeParams& p,
+template <typename Element>
+__device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const DecodeParams& p,
                                               const int32_t* part_info, const int32_t* split_offsets, int m_block,
                                               int consumer, int cluster_size, bool grouped_copies) {
   const int thread = threadIdx.x % 128;
   const RowCoords rc(thread);
-  const BoxRingConsumer<Shape::kNumSlots> kv{&s.kv_bars, cluster_size, grouped_copies};
+  const BoxRingConsumer<kNumSlots> kv{&s.kv_bars, cluster_size, grouped_copies};
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   const bool elected = thread == 0;
   Tracer tr;
   tr.init(p, 1 + consumer, elected);
-  TileCursor<Shape> st;  // ring position and owner of the CTA's next tile
+  TileCursor st;  // ring position and owner of the CTA's next tile
   int piece_count = 0;
   const int rows_valid = min(kBlockM, p.rows - m_block * kBlockM);
   const int merge_thread = consumer * 128 + thread;  // 0..255 over both consumers, warps aligned
@@ -361,10 +304,8 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, 
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = m_block * kBlockM + rc.row[i];
-      // Rows past the request's: the wide shape reads them from the next request's Q (finite, never
-      // stored); the narrow shape's run on into other shared memory, so every key is masked off.
-      visible[i] = row < p.rows ? visible_keys(seq_len, p.seq_q, row / p.heads_q, p.causal)
-                                : (Shape::kNarrow ? 0 : seq_len);
+      // Rows past the request's are read from the next request's Q (finite, never stored).
+      visible[i] = row < p.rows ? visible_keys(seq_len, p.seq_q, row / p.heads_q, p.causal) : seq_len;
     }
     const int visible_min = min(visible[0], visible[1]);
 
@@ -385,7 +326,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, 
     // next/s-when-landed and next/s-first had them behind switches; neither measured faster, see
     // docs/performance.md, fourth session of 2026-12-03.)
     bool has_pending = false;  // our in-flight P V still reads our boxes of tile `pending`
-    TileCursor<Shape> pending;
+    TileCursor pending;
     if (st.owner == consumer) {
       issue_scores(s, kv, st, sc, tr);
       tr.mark(kTrSIssued);
@@ -397,7 +338,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, 
         if (has_pending) {
           wgmma_wait<1>();  // the other's P V (older group) done; S may still run
           fence_operands(o);
-          if (elected) release_tile(kv, pending, consumer);
+          if (elected) kv.release_tile(pending.slots);
           has_pending = false;
         }
         wgmma_wait<0>();
@@ -413,7 +354,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, 
         fence_operands(pf);  // P's registers stay live until their wgmma completed
         tr.mark(kTrPvDone);
         if (has_pending && elected) {
-          release_tile(kv, pending, consumer);
+          kv.release_tile(pending.slots);
           tr.mark(kTrReleased);
         }
         has_pending = false;
@@ -431,7 +372,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, 
           wgmma_wait<1>();
           fence_operands(o);
           tr.mark(kTrPvDone);
-          if (elected) release_tile(kv, st, consumer);
+          if (elected) kv.release_tile(st.slots);
           tr.mark(kTrReleased);
           issue_scores(s, kv, st.next(), sc, tr, 1, kKvBoxesQK);
           tr.mark(kTrSIssued);
@@ -447,7 +388,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, 
     fence_operands(o);
     fence_operands(pf);
     if (elected) {
-      if (has_pending) release_tile(kv, pending, consumer);
+      if (has_pending) kv.release_tile(pending.slots);
       // Q is no longer read: let the producer load the next request's Q while we finish.
       ptx::mbarrier_arrive(&s.q_empty);
     }
@@ -483,7 +424,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, 
         for (int i = 0; i < 2; ++i)
           if (rc.row[i] < rows_valid) p.partial_lse[prow0 + rc.row[i]] = res.lse[i];
       }
-      if (!Shape::kNarrow && p.fused_merge) {  // split_merge.cuh: arrive now, merge our share after the last piece
+      if (p.fused_merge) {  // split_merge.cuh: arrive now, merge our share after the last piece
         arrive_piece(merge_counter(p, r, m_block), merge_thread);
         tr.mark_both(kTrArrived);
       }
@@ -493,11 +434,11 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element, Shape>& s, 
   }
   // After the last wgmma of the CTA: waiting and merging inside the piece loop would stall the next
   // piece, and ptxas serialises every wgmma of the kernel when global loads sit between them (C7520).
-  if (!Shape::kNarrow && p.fused_merge) merge_split_pieces<Element>(p, part_info, split_offsets, m_block, rows_valid, merge_thread, tr);
+  if (p.fused_merge) merge_split_pieces<Element>(p, part_info, split_offsets, m_block, rows_valid, merge_thread, tr);
   tr.finish();
 }
 
-template <typename Element, typename Shape>
+template <typename Element>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap q_map,
                   const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap kv_group_map) {
@@ -508,20 +449,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   cta_tr.init(p, kTraceRoleCta, threadIdx.x == 0);
   cta_tr.mark_both(kTrCtaEntry);
   extern __shared__ uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<SharedStorage<Element, Shape>*>(ptx::align_dynamic_smem<1024>(smem_raw));
+  auto& s = *reinterpret_cast<SharedStorage<Element>*>(ptx::align_dynamic_smem<1024>(smem_raw));
   // The CTAs of a cluster are row blocks of the same part: they walk the same tiles and share
   // every tile's loads (kv_producer.cuh). Launched without a cluster, this is a cluster of one.
   // With p.cluster_shares_tiles off the cluster only co-locates the row blocks, and each CTA
   // runs as a cluster of one.
-  // The narrow shape has one row block, so it never runs as a cluster (launch_shape): a constant 1
-  // drops the cluster paths from its code.
-  const bool shares = p.cluster_shares_tiles && !Shape::kNarrow;
+  const bool shares = p.cluster_shares_tiles;
   const int cluster_size = shares ? static_cast<int>(ptx::cluster_nctarank()) : 1;
   const int cta_rank = shares ? static_cast<int>(ptx::cluster_ctarank()) : 0;
-  // Grouped copies (kv_producer.cuh kBoxesPerGroup): whole-tile ring (wide shape), one cache row
-  // per tile, no tile sharing. Producer and consumers take the same decision.
-  const bool grouped_copies = p.sm90_grouped_copies && kWholeTileRing<Shape::kNumSlots> && cluster_size == 1 &&
-                              p.page_size >= kBlockN;
+  // Grouped copies (kv_producer.cuh kBoxesPerGroup): one cache row per tile, no tile sharing.
+  // Producer and consumers take the same decision.
+  const bool grouped_copies = p.sm90_grouped_copies && cluster_size == 1 && p.page_size >= kBlockN;
   if (threadIdx.x == 0) {
     ptx::prefetch_tensor_map(&q_map);
     ptx::prefetch_tensor_map(&kv_map);
@@ -550,9 +488,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      producer_main<Element, Shape>(s, p, &q_map, &kv_map, grouped_copies ? &kv_group_map : nullptr,
+      producer_main<Element>(s, p, &q_map, &kv_map, grouped_copies ? &kv_group_map : nullptr,
                                     work.part_info, work.split_offsets, work.m_block, cta_rank, cluster_size);
-    } else if (!Shape::kNarrow && p.fused_merge && threadIdx.x >= 32) {
+    } else if (p.fused_merge && threadIdx.x >= 32) {
       // No combine kernel runs after this one: warps 1-3 write the requests with no piece.
       write_empty_requests<Element>(p, blockIdx.x + blockIdx.y * gridDim.x, gridDim.x * gridDim.y,
                                     threadIdx.x - 32, 96);

@@ -13,40 +13,20 @@ namespace jax_mla::sm90 {
 // cuda_handler.cu, JAX_MLA_SM90_CLUSTER).
 inline constexpr int kClusterRowBlocks = 2;
 
-// Requests of at most this many query rows run p.sm90_small_rows's kernel (JAX_MLA_SM90_NARROW; the
-// wide shape unless set): the narrow shape (config.h) or a transposed variant
-// (transposed_kernel.cuh).
-inline constexpr int kNarrowMaxRows = 16;
-inline bool uses_narrow_shape(const DecodeParams& p) {
-  return p.sm90_small_rows == Sm90SmallRows::kNarrow && p.rows <= kNarrowMaxRows;
-}
-inline bool uses_transposed_shape(const DecodeParams& p) {
-  return p.sm90_small_rows >= Sm90SmallRows::kTransposed && p.rows <= kNarrowMaxRows;
-}
-
-// Whether launch_decode runs the wide or narrow shape as clusters of p.cluster_row_blocks row blocks
-// (parts-major grid, and the row-block count a multiple of the cluster).
+// Whether launch_decode runs the kernel as clusters of p.cluster_row_blocks row blocks (parts-major
+// grid, and the row-block count a multiple of the cluster).
 inline bool launches_cluster(const DecodeParams& p) {
   return !p.row_blocks_adjacent && p.cluster_row_blocks > 1 && num_row_blocks(p.rows) % p.cluster_row_blocks == 0;
 }
 
 // The in-kernel split merge (split_merge.cuh, p.fused_merge): the pieces of a request wait for each
 // other, so every CTA of the grid must be resident at once (one decode CTA fills an SM: at most
-// sm_count CTAs), with no cluster launch, on the wide shape only (the narrow shape spills with it;
-// the transposed kernel has its own epilogue), and at
-// most kFusedMergeMaxParts parts (a row's splits, one LSE per lane and register: 160 covers the
+// sm_count CTAs), with no cluster launch, and at most kFusedMergeMaxParts parts (a row's splits, one LSE per lane and register: 160 covers the
 // 132 parts of one row block per SM on an H100 / H200).
 inline constexpr int kFusedMergeMaxParts = 160;
 inline bool fused_merge_fits(const DecodeParams& p) {
   const int64_t sms = p.sm_count > 0 ? p.sm_count : 132;
-  return !uses_transposed_shape(p) && !uses_narrow_shape(p) && !launches_cluster(p) &&
-         p.num_parts <= kFusedMergeMaxParts && static_cast<int64_t>(num_row_blocks(p.rows)) * p.num_parts <= sms;
-}
-
-// Rows of the Q tensor map's box that launch_decode expects: 16 for the narrow and transposed
-// shapes, else 64.
-inline int q_box_rows(const DecodeParams& p) {
-  return uses_narrow_shape(p) || uses_transposed_shape(p) ? kNarrowMaxRows : 64;
+  return !launches_cluster(p) && p.num_parts <= kFusedMergeMaxParts && static_cast<int64_t>(num_row_blocks(p.rows)) * p.num_parts <= sms;
 }
 
 // One-time per-device setup (opt-in shared memory); call from the FFI initialize stage.
@@ -58,10 +38,9 @@ cudaError_t setup_decode();
 template <typename Element>
 int max_active_clusters(int cluster_row_blocks);
 
-// Launches the decode kernel (the narrow or the wide shape: uses_narrow_shape) over grid
-// (p.num_parts, ceil(p.rows / 64)) with programmatic dependent launch, as clusters of
-// p.cluster_row_blocks row blocks when that divides the row-block count (wide shape only).
-// q_map: (b * rows, 576) box (q_box_rows(p), 64); kv_map: (num_pages * page_size, 576)
+// Launches the decode kernel over grid (p.num_parts, ceil(p.rows / 64)) with programmatic dependent
+// launch, as clusters of p.cluster_row_blocks row blocks when that divides the row-block count.
+// q_map: (b * rows, 576) box (64, 64); kv_map: (num_pages * page_size, 576)
 // box (min(page_size, 64), 64); kv_group_map: the cache's column-box view with box (64, 64, 3) when
 // p.sm90_grouped_copies and pages of >= 64 tokens (kv_producer.cuh kBoxesPerGroup), else unused.
 template <typename Element>

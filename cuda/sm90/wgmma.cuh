@@ -132,64 +132,7 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint3
   }
 }
 
-#define JAX_MLA_WGMMA_M64N64K16_SS_TB(TYPE) asm volatile("{\n.reg .pred p;\n" "setp.ne.b32 p, %34, 0;\n" "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {" "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" "}, %32, %33, p, 1, 1, 0, 1;\n}\n" : "+f"(d[kOff + 0]), "+f"(d[kOff + 1]), "+f"(d[kOff + 2]), "+f"(d[kOff + 3]), "+f"(d[kOff + 4]), "+f"(d[kOff + 5]), "+f"(d[kOff + 6]), "+f"(d[kOff + 7]), "+f"(d[kOff + 8]), "+f"(d[kOff + 9]), "+f"(d[kOff + 10]), "+f"(d[kOff + 11]), "+f"(d[kOff + 12]), "+f"(d[kOff + 13]), "+f"(d[kOff + 14]), "+f"(d[kOff + 15]), "+f"(d[kOff + 16]), "+f"(d[kOff + 17]), "+f"(d[kOff + 18]), "+f"(d[kOff + 19]), "+f"(d[kOff + 20]), "+f"(d[kOff + 21]), "+f"(d[kOff + 22]), "+f"(d[kOff + 23]), "+f"(d[kOff + 24]), "+f"(d[kOff + 25]), "+f"(d[kOff + 26]), "+f"(d[kOff + 27]), "+f"(d[kOff + 28]), "+f"(d[kOff + 29]), "+f"(d[kOff + 30]), "+f"(d[kOff + 31]) : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-#define JAX_MLA_WGMMA_M64N64K16_RS_TB(TYPE) asm volatile("{\n.reg .pred p;\n" "setp.ne.b32 p, %37, 0;\n" "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {" "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n" : "+f"(d[kOff + 0]), "+f"(d[kOff + 1]), "+f"(d[kOff + 2]), "+f"(d[kOff + 3]), "+f"(d[kOff + 4]), "+f"(d[kOff + 5]), "+f"(d[kOff + 6]), "+f"(d[kOff + 7]), "+f"(d[kOff + 8]), "+f"(d[kOff + 9]), "+f"(d[kOff + 10]), "+f"(d[kOff + 11]), "+f"(d[kOff + 12]), "+f"(d[kOff + 13]), "+f"(d[kOff + 14]), "+f"(d[kOff + 15]), "+f"(d[kOff + 16]), "+f"(d[kOff + 17]), "+f"(d[kOff + 18]), "+f"(d[kOff + 19]), "+f"(d[kOff + 20]), "+f"(d[kOff + 21]), "+f"(d[kOff + 22]), "+f"(d[kOff + 23]), "+f"(d[kOff + 24]), "+f"(d[kOff + 25]), "+f"(d[kOff + 26]), "+f"(d[kOff + 27]), "+f"(d[kOff + 28]), "+f"(d[kOff + 29]), "+f"(d[kOff + 30]), "+f"(d[kOff + 31]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
-// The P V shapes with one V box as B: columns [64 c, 64 c + 64) of a (64, 256) O accumulator are its
-// registers [32 c, 32 c + 32) (the accumulator layout above), so these update that slice of o in
-// place, c = kOff / 32. Used where a consumer's four V boxes are not in consecutive ring slots.
-// O[:, 64c : 64c + 64] [+]= A (64 x 16, K-major smem) * B (16 x 64, MN-major smem)
-template <typename Element, int kOff>
-__device__ __forceinline__ void wgmma_m64n64k16_ss_tb(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
-                                                      int accumulate) {
-  static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
-  static_assert(kOff % 32 == 0 && kOff + 32 <= 128);
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-    JAX_MLA_WGMMA_M64N64K16_SS_TB("bf16");
-  } else {
-    JAX_MLA_WGMMA_M64N64K16_SS_TB("f16");
-  }
-}
-
-// O[:, 64c : 64c + 64] [+]= A (64 x 16, registers as in wgmma_m64n256k16_rs) * B (16 x 64, MN-major smem)
-template <typename Element, int kOff>
-__device__ __forceinline__ void wgmma_m64n64k16_rs_tb(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b,
-                                                      int accumulate) {
-  static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
-  static_assert(kOff % 32 == 0 && kOff + 32 <= 128);
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-    JAX_MLA_WGMMA_M64N64K16_RS_TB("bf16");
-  } else {
-    JAX_MLA_WGMMA_M64N64K16_RS_TB("f16");
-  }
-}
-
-// m64n16k16, both operands from shared memory, on the 8 accumulator registers d[kOff .. kOff + 8)
-// of a larger array (the transposed shape, transposed_kernel.cuh: S^T = K Q^T with A = K K-major,
-// kTransA = 0; O^T = V^T P^T with A = a V box MN-major, kTransA = 1; B always K-major).
-#define JAX_MLA_WGMMA_M64N16K16_SS(TYPE, TA) asm volatile("{\n.reg .pred p;\n" "setp.ne.b32 p, %10, 0;\n" "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " {" "%0, %1, %2, %3, %4, %5, %6, %7" "}, %8, %9, p, 1, 1, " TA ", 0;\n}\n" : "+f"(d[kOff + 0]), "+f"(d[kOff + 1]), "+f"(d[kOff + 2]), "+f"(d[kOff + 3]), "+f"(d[kOff + 4]), "+f"(d[kOff + 5]), "+f"(d[kOff + 6]), "+f"(d[kOff + 7]) : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-template <typename Element, bool kTransA, int kOff, int N>
-__device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[N], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
-  static_assert(kOff % 8 == 0 && kOff + 8 <= N);
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-    if constexpr (kTransA) {
-      JAX_MLA_WGMMA_M64N16K16_SS("bf16", "1");
-    } else {
-      JAX_MLA_WGMMA_M64N16K16_SS("bf16", "0");
-    }
-  } else {
-    if constexpr (kTransA) {
-      JAX_MLA_WGMMA_M64N16K16_SS("f16", "1");
-    } else {
-      JAX_MLA_WGMMA_M64N16K16_SS("f16", "0");
-    }
-  }
-}
-
-#undef JAX_MLA_WGMMA_M64N16K16_SS
 #undef JAX_MLA_WGMMA_M64N64K16_SS
-#undef JAX_MLA_WGMMA_M64N64K16_SS_TB
-#undef JAX_MLA_WGMMA_M64N64K16_RS_TB
 #undef JAX_MLA_WGMMA_M64N256K16_RS_TB
 #undef JAX_MLA_WGMMA_M64N256K16_SS_TB
 
