@@ -240,7 +240,7 @@ run_ncu() {
 # A/B of launch-time variants in one call: the benchmark once per variant (a fresh process each, since
 # the CUDA handler reads its environment once), on the configs of AB_ONLY, then one table of us per
 # call, config x variant. AB_VARIANTS: space-separated variants, each a comma-separated list of
-# VAR=value (e.g. "JAX_MLA_SM90_CLUSTER=0 JAX_MLA_SM90_CLUSTER=1 PYTHONPATH=/tmp/other_install").
+# VAR=value (e.g. "PYTHONPATH=/tmp/site-main PYTHONPATH=/tmp/site-branch").
 # AB_ARGS: extra benchmark arguments for every variant (e.g. "--num-parts 0,16": a row per part count).
 # The clock probe (clock_probe_start) samples the SM clock and power meanwhile.
 # with_variant VARIANT CMD...: runs CMD with the variant's VAR=value pairs in its environment.
@@ -291,7 +291,7 @@ PYEOF
 # memory-only look without the per-instruction sampling passes).
 run_ncusrc() {
   local cfg="${NCUSRC_CONFIG:-b128_sq1_h128_4k}" i=0
-  for v in ${NCUSRC_VARIANTS:-JAX_MLA_SM90_CLUSTER=0}; do
+  for v in ${NCUSRC_VARIANTS:-PROFILE_NUM_PARTS=0}; do
     i=$((i + 1))
     echo "== ncu source counters: $cfg, $v"
     with_variant "$v" timeout 180 ncu --clock-control none -k regex:decode_kernel -s 2 -c 1 \
@@ -365,8 +365,8 @@ run_tmabw() {
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 
-# The device's kernel choice and launch policy as the extension sees it (kernel_info, then
-# cuda_call_stats: SM90 cluster policy, resident clusters, launches per shape).
+# The device's kernel choice as the extension sees it (kernel_info, then cuda_call_stats: decode
+# calls, those captured into CUDA graphs, SM90 fused-merge launches).
 run_stats() {
   echo "== stats"
   timeout 60 python3 -P -c "import jax_mla; print(jax_mla.kernel_info()); print(jax_mla._ext.cuda_call_stats())"

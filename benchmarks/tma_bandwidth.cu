@@ -185,8 +185,8 @@ __global__ void __launch_bounds__(128 * (1 + kMaxMmaWarpgroups), 1)
     return;
   }
   if (threadIdx.x != 0) return;
-  jax_mla::DecodeKVProducer<uint16_t, kStages> producer{&ring.bars, &ring.kv[0][0][0], {}, 0, 1};
-  const jax_mla::KVConsumer<kStages> consumer{&ring.bars, 1};
+  jax_mla::DecodeKVProducer<uint16_t, kStages> producer{&ring.bars, &ring.kv[0][0][0], {}};
+  const jax_mla::KVConsumer<kStages> consumer{&ring.bars};
   jax_mla::PipelineState<kStages> next_landed;  // the oldest tile in flight
   const int group = static_cast<int>(blockIdx.x) / share;
   const jax_mla::PagedKV kv{&map,

@@ -25,13 +25,6 @@
 //     barrier per tile position (that of its box 0) with one arrival per consumer, one wait per
 //     tile; but every box has its own slot and full barrier, which lets a tile's boxes load as
 //     grouped copies (kBoxesPerGroup). SM90.
-//
-// Clusters: the CTAs of a cluster that walk the same tile sequence (e.g. the row blocks of one
-// split-KV part) share every tile: CTA rank k loads the boxes b with b % cluster_size == k by TMA
-// multicast into all of them, so each tile crosses L2 -> SM once per cluster instead of once per CTA.
-// Each CTA still expects all 9 boxes on its own full barriers, and a stage is empty only when the
-// consumers of every CTA released it (empty barriers count num_consumers * cluster_size arrivals;
-// release() arrives in every CTA of the cluster). cluster_size 1 is the plain single-CTA ring.
 #pragma once
 
 #include <cstdint>
@@ -77,11 +70,11 @@ struct KVPipelineBarriers {
   uint64_t full[kNumStages][kKvBoxesQK];  // producer -> consumers, one per box, completed by TMA bytes
   uint64_t empty[kNumStages];             // consumers -> producer, kNumConsumers arrivals
 
-  // Called by one thread before any use; the caller fences and syncs (the whole cluster) afterwards.
-  __device__ __forceinline__ void init(int num_consumers, int cluster_size = 1) {
+  // Called by one thread before any use; the caller fences and syncs afterwards.
+  __device__ __forceinline__ void init(int num_consumers) {
     for (int s = 0; s < kNumStages; ++s) {
       for (int b = 0; b < kKvBoxesQK; ++b) ptx::mbarrier_init(&full[s][b], 1);
-      ptx::mbarrier_init(&empty[s], num_consumers * cluster_size);
+      ptx::mbarrier_init(&empty[s], num_consumers);
     }
   }
 };
@@ -139,32 +132,19 @@ __device__ __forceinline__ TileSource locate_tile(const PagedKV& kv, int first_t
 }
 
 // The TMA copies of box `box` (columns 64 box .. 64 box + 63) of a located tile into box_dst, (BLK_N, 64),
-// completing on `bar` (whose expected bytes the caller armed). Alone (cluster_size 1): one copy per
-// page chunk, with the L2 hint if any. In a cluster sharing tiles: CTA rank box % cluster_size
-// multicasts the box into every CTA of the cluster (the others issue nothing for it).
+// completing on `bar` (whose expected bytes the caller armed): one copy per page chunk, with the L2
+// hint if any.
 template <typename Element>
 __device__ __forceinline__ void copy_box(Element* box_dst, const PagedKV& kv, uint64_t* bar, int box,
-                                         const TileSource& t, int cta_rank, int cluster_size, KvL2Hint l2_hint,
-                                         uint64_t l2_policy) {
-  if (cluster_size == 1) {
+                                         const TileSource& t, KvL2Hint l2_hint, uint64_t l2_policy) {
 #pragma unroll
-    for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
-      if (k < t.copies) {
-        Element* dst = box_dst + k * t.box_rows * kKvBoxCols;
-        if (l2_hint == KvL2Hint::kNone) {
-          ptx::tma_load_2d(dst, kv.map, bar, box * kKvBoxCols, t.rows[k]);
-        } else {
-          ptx::tma_load_2d_hint(dst, kv.map, bar, box * kKvBoxCols, t.rows[k], l2_policy);
-        }
-      }
-    }
-  } else if (box % cluster_size == cta_rank) {
-    const uint16_t all = static_cast<uint16_t>((1u << cluster_size) - 1);
-#pragma unroll
-    for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
-      if (k < t.copies) {
-        ptx::tma_load_2d_multicast(box_dst + k * t.box_rows * kKvBoxCols, kv.map, bar, box * kKvBoxCols, t.rows[k],
-                                   all);
+  for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
+    if (k < t.copies) {
+      Element* dst = box_dst + k * t.box_rows * kKvBoxCols;
+      if (l2_hint == KvL2Hint::kNone) {
+        ptx::tma_load_2d(dst, kv.map, bar, box * kKvBoxCols, t.rows[k]);
+      } else {
+        ptx::tma_load_2d_hint(dst, kv.map, bar, box * kKvBoxCols, t.rows[k], l2_policy);
       }
     }
   }
@@ -181,10 +161,7 @@ struct DecodeKVProducer {
   KVPipelineBarriers<kNumStages>* bars;
   Element* smem;  // (stage, box, BLK_N, 64)
   PipelineState<kNumStages> state;
-  int cta_rank = 0;      // this CTA's rank in the cluster sharing the tiles
-  int cluster_size = 1;  // CTAs sharing every tile (1, 2, ...)
-  // L2 eviction priority of the unicast KV copies (DecodeParams::kv_l2_hint). The multicast
-  // copies of a tile-sharing cluster carry no hint (not measured with one).
+  // L2 eviction priority of the KV copies (DecodeParams::kv_l2_hint).
   KvL2Hint l2_hint = KvL2Hint::kNone;
   uint64_t l2_policy = 0;  // from l2_policy_* when l2_hint is set
 
@@ -211,8 +188,8 @@ struct DecodeKVProducer {
 #pragma unroll 1
     for (int box = 0; box < kKvBoxesQK; ++box) {
       uint64_t* bar = &bars->full[state.stage][box];
-      ptx::mbarrier_arrive_expect_tx(bar, kKvBoxBytes);  // all boxes land here, whoever loads them
-      copy_box(dst + box * kKvBoxElems, kv, bar, box, t, cta_rank, cluster_size, l2_hint, l2_policy);
+      ptx::mbarrier_arrive_expect_tx(bar, kKvBoxBytes);
+      copy_box(dst + box * kKvBoxElems, kv, bar, box, t, l2_hint, l2_policy);
     }
   }
 
@@ -286,26 +263,19 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePar
 template <int kNumStages>
 struct KVConsumer {
   KVPipelineBarriers<kNumStages>* bars;
-  int cluster_size = 1;  // as the producer's: releases go to every CTA sharing the tiles
 
   __device__ __forceinline__ void wait_box(const PipelineState<kNumStages>& s, int box) const {
     ptx::mbarrier_wait(&bars->full[s.stage][box], s.phase);
   }
   // One arrival per consumer (an elected thread, after its MMAs reading the stage completed).
   __device__ __forceinline__ void release(const PipelineState<kNumStages>& s) const { release_stage(s.stage); }
-  __device__ __forceinline__ void release_stage(int stage) const {
-    if (cluster_size == 1) {
-      ptx::mbarrier_arrive(&bars->empty[stage]);
-    } else {
-      for (int r = 0; r < cluster_size; ++r) ptx::mbarrier_arrive_cluster(&bars->empty[stage], r);
-    }
-  }
+  __device__ __forceinline__ void release_stage(int stage) const { ptx::mbarrier_arrive(&bars->empty[stage]); }
 };
 
 // ---------------------------------------------------------------------------------------------
 // The box ring (see the top of this file).
 
-// Grouped copies (pages of >= 64 tokens, no cluster): a tile's 9 boxes come as
+// Grouped copies (pages of >= 64 tokens): a tile's 9 boxes come as
 // 3 copies of 3 boxes each through the cache's column-box view (tensor_map.h
 // make_tensor_map_col_boxes), each completing the barrier of its first box's slot; consumers then
 // wait on that barrier for each of the 3 boxes. benchmarks/tma_bandwidth.cu (copy mode, H100,
@@ -320,14 +290,14 @@ struct BoxRingBarriers {
   static_assert(kNumSlots % kKvBoxesQK == 0, "a box ring holds whole tiles");
   uint64_t full[kNumSlots];   // producer -> consumers: completed by the TMA bytes of the box in the slot
   // consumers -> producer: only the barrier of each tile's box 0 slot is used, one arrival per
-  // consumer per CTA of the cluster.
+  // consumer.
   uint64_t empty[kNumSlots];
 
-  // Called by one thread before any use; the caller fences and syncs (the whole cluster) afterwards.
-  __device__ __forceinline__ void init(int num_consumers, int cluster_size = 1) {
+  // Called by one thread before any use; the caller fences and syncs afterwards.
+  __device__ __forceinline__ void init(int num_consumers) {
     for (int s = 0; s < kNumSlots; ++s) {
       ptx::mbarrier_init(&full[s], 1);
-      ptx::mbarrier_init(&empty[s], num_consumers * cluster_size);
+      ptx::mbarrier_init(&empty[s], num_consumers);
     }
   }
 };
@@ -362,13 +332,11 @@ struct BoxRingProducer {
   BoxRingBarriers<kNumSlots>* bars;
   Element* smem;  // (slot, BLK_N, 64)
   TileSlots<kNumSlots> tile;
-  int cta_rank = 0;      // this CTA's rank in the cluster sharing the tiles
-  int cluster_size = 1;  // CTAs sharing every tile (1, 2, ...)
   KvL2Hint l2_hint = KvL2Hint::kNone;
   uint64_t l2_policy = 0;
   // Grouped copies (see kBoxesPerGroup) when set: the column-box view of the cache, box
-  // (64, 64, kBoxesPerGroup). Only for pages of >= 64 tokens and no cluster; the consumers must be
-  // told (BoxRingConsumer::grouped).
+  // (64, 64, kBoxesPerGroup). Only for pages of >= 64 tokens; the consumers must be told
+  // (BoxRingConsumer::grouped).
   const CUtensorMap* group_map = nullptr;
 
   __device__ __forceinline__ void set_l2_hint(KvL2Hint hint) {
@@ -408,8 +376,7 @@ struct BoxRingProducer {
       const int slot = tile.slot(box);
       uint64_t* bar = &bars->full[slot];
       ptx::mbarrier_arrive_expect_tx(bar, kKvBoxBytes);
-      copy_box(smem + static_cast<size_t>(slot) * kKvBoxElems, kv, bar, box, t, cta_rank, cluster_size, l2_hint,
-               l2_policy);
+      copy_box(smem + static_cast<size_t>(slot) * kKvBoxElems, kv, bar, box, t, l2_hint, l2_policy);
     }
   }
   __device__ __forceinline__ void commit_step() { tile.advance(); }
@@ -420,7 +387,6 @@ struct BoxRingProducer {
 template <int kNumSlots>
 struct BoxRingConsumer {
   BoxRingBarriers<kNumSlots>* bars;
-  int cluster_size = 1;  // as the producer's: releases go to every CTA sharing the tiles
   bool grouped = false;  // the producer loads grouped copies (its group_map is set)
 
   __device__ __forceinline__ void wait_box(const TileSlots<kNumSlots>& t, int box) const {
@@ -430,12 +396,7 @@ struct BoxRingConsumer {
   }
   // This consumer is done with tile t (one arrival per consumer), after its MMAs reading it completed.
   __device__ __forceinline__ void release_tile(const TileSlots<kNumSlots>& t) const {
-    uint64_t* bar = &bars->empty[t.first];
-    if (cluster_size == 1) {
-      ptx::mbarrier_arrive(bar);
-    } else {
-      for (int r = 0; r < cluster_size; ++r) ptx::mbarrier_arrive_cluster(bar, r);
-    }
+    ptx::mbarrier_arrive(&bars->empty[t.first]);
   }
 };
 

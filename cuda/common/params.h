@@ -29,19 +29,11 @@ struct DecodeParams {
   float softmax_scale;  // multiplies q . k
   bool causal;          // query token t sees positions < seq_len - s_q + t + 1
 
-  // Launch policy (set by the CUDA handler): row blocks of one part that share each KV tile in a
-  // thread-block cluster (1 = no cluster; used by kernels that support it, SM90), and the device's
-  // SM count for sizing persistent grids (0: unknown, the launchers assume 132).
-  int cluster_row_blocks = 1;
+  // The device's SM count (set by the CUDA handler) for sizing persistent grids (0: unknown, the
+  // launchers assume 132).
   int sm_count = 0;
   KvL2Hint kv_l2_hint = KvL2Hint::kNone;
-  // SM90 without clusters: grid (row blocks, parts) instead of (parts, row blocks), so the row
-  // blocks of one part, which read the same KV tiles, get consecutive CTA ids.
-  bool row_blocks_adjacent = false;
-  // SM90 with clusters: whether the CTAs of a cluster share each KV tile by multicast (true), or
-  // the cluster only places a part's row blocks on one GPC and each CTA loads its own tiles.
-  bool cluster_shares_tiles = true;
-  // SM90, pages of >= 64 tokens, no cluster: each KV tile as 3 TMA copies of 3 boxes
+  // SM90, pages of >= 64 tokens: each KV tile as 3 TMA copies of 3 boxes
   // (kv_producer.cuh kBoxesPerGroup) instead of 9 copies of one box. The CUDA handler sets it from
   // JAX_MLA_SM90_KV_COPY (group, its default | box).
   bool sm90_grouped_copies = false;

@@ -130,48 +130,6 @@ __device__ __forceinline__ void tma_load_3d_hint(void* dst, const CUtensorMap* m
       : "memory");
 }
 
-// Multicast form: one copy lands at the same CTA-relative offset in every CTA of the cluster whose
-// bit is set in `cta_mask`, and completes `bytes` on the barrier at `bar`'s offset in each of them.
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int col,
-                                                      int row, uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(col), "r"(row), "h"(cta_mask)
-      : "memory");
-}
-
-// ---- thread-block clusters ------------------------------------------------------------------
-// A kernel launched without a cluster dimension runs as clusters of one CTA: rank 0 of 1.
-
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t cluster_nctarank() {
-  uint32_t n;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-  return n;
-}
-
-// All threads of all CTAs of the cluster (every thread must execute it: .aligned).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-// One arrival on the mbarrier at `bar`'s offset in CTA `cta_rank` of the cluster (this CTA too).
-// CTA-scope release (the PTX default), not .release.cluster: the consumers' only use of it is
-// handing back a stage whose readers (wgmma) completed at wgmma.wait_group, so no memory access of
-// this thread has to become visible to the peer first; a cluster-scope release costs a MEMBAR.GPU
-// before every remote arrival (126 of them in the SM90 kernel's SASS), on the critical path of the
-// stage's reload.
-__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(cta_rank));
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-}
-
 // ---- fences and barriers --------------------------------------------------------------------
 
 // Orders this thread's ordinary shared-memory writes before later async-proxy accesses

@@ -63,8 +63,6 @@ struct DeviceInfo {
   SelfCheckOutcome self_check = SelfCheckOutcome::kNotRun;
   Kernel self_check_kernel = Kernel::kAuto;  // the kernel that was checked (kAuto: none)
   std::string self_check_detail;
-  int sm90_cluster_row_blocks = 1;  // SM90 launch policy (DecodeParams::cluster_row_blocks)
-  int sm90_max_active_clusters = 0;
 };
 
 constexpr int kMaxDevices = 64;
@@ -86,9 +84,6 @@ std::atomic<int> g_sm90_merge_override{-1};  // set_sm90_merge_override: -1 = JA
 // JAX_MLA_SM90_RESCALE's values, in env_choice order.
 constexpr int kSm90RescaleExact = 0, kSm90RescaleLazy = 1;
 std::atomic<int> g_sm90_rescale_override{-1};  // set_sm90_rescale_override: -1 = JAX_MLA_SM90_RESCALE
-
-// Whether the SM90 kernel uses row-block clusters by default (measured slower: docs/performance.md v5).
-constexpr bool kSm90ClusterDefault = false;
 
 // Index of the value of environment variable `var` in `names`, or `fallback` when it is unset or
 // empty. An unknown value also gives `fallback`, with a warning on stderr: these variables are
@@ -114,12 +109,8 @@ struct ProcessEnv {
   std::string self_check;  // JAX_MLA_SELFCHECK
   SelfCheckMode mode = SelfCheckMode::kDefault;
   bool mode_valid = true;
-  int sm90_cluster = -1;   // JAX_MLA_SM90_CLUSTER: 1 forces row-block clusters, 0 turns them off, -1 unset,
-                           // "placement": clusters that only co-locate the row blocks (no shared loads)
-  bool sm90_cluster_placement = false;
   // Launch-time experiments, measured in docs/performance.md (defaults: what measured fastest).
   KvL2Hint kv_l2_hint = KvL2Hint::kNone;  // JAX_MLA_KV_L2_HINT: none (default) | evict_first | evict_last
-  bool row_blocks_adjacent = true;  // JAX_MLA_SM90_GRID: row_blocks_adjacent (default) | parts_major
   // JAX_MLA_SM90_KV_COPY: group (default: 3 copies of 3 boxes per KV tile; kv_producer.cuh) | box
   // (9 copies of one box). On an H100, group was 1.6% faster on b64/h16 in both A/B pairs, level or
   // 4% faster on b128/4K (docs/performance.md, 2026-12-05, tenth session); not measured on an H200.
@@ -155,16 +146,11 @@ const ProcessEnv& process_env() {
     e.kernel = k ? k : "";
     e.self_check = c ? c : "";
     e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
-    // Tuning switches (not semantics): JAX_MLA_SM90_CLUSTER, JAX_MLA_KV_L2_HINT, JAX_MLA_SM90_GRID,
-    // JAX_MLA_SM90_KV_COPY, JAX_MLA_SM90_MERGE, JAX_MLA_SM90_RESCALE.
-    const int cluster = env_choice("JAX_MLA_SM90_CLUSTER", {"0", "1", "placement"}, -1);
-    if (cluster >= 0) e.sm90_cluster = cluster == 0 ? 0 : 1;
-    e.sm90_cluster_placement = cluster == 2;
+    // Tuning switches (not semantics): JAX_MLA_KV_L2_HINT, JAX_MLA_SM90_KV_COPY, JAX_MLA_SM90_MERGE,
+    // JAX_MLA_SM90_RESCALE.
     const int hint = env_choice("JAX_MLA_KV_L2_HINT", {"none", "evict_first", "evict_last"},
                                 static_cast<int>(e.kv_l2_hint));
     e.kv_l2_hint = static_cast<KvL2Hint>(hint);  // names in KvL2Hint's order
-    e.row_blocks_adjacent = env_choice("JAX_MLA_SM90_GRID", {"parts_major", "row_blocks_adjacent"},
-                                       e.row_blocks_adjacent ? 1 : 0) == 1;
     e.sm90_grouped_copies = env_choice("JAX_MLA_SM90_KV_COPY", {"box", "group"}, e.sm90_grouped_copies ? 1 : 0) == 1;
     e.sm90_merge_mode = env_choice("JAX_MLA_SM90_MERGE", {"combine", "fused", "auto"}, e.sm90_merge_mode);
     e.sm90_rescale_mode = env_choice("JAX_MLA_SM90_RESCALE", {"exact", "lazy"}, e.sm90_rescale_mode);
@@ -202,17 +188,6 @@ ffi::Error init_device_locked(int device) {
   if (cudaError_t e = setup_decode_kernels(prop.major, prop.minor); e != cudaSuccess) {
     return cuda_error("decode kernel setup", e);
   }
-#ifdef JAX_MLA_HAVE_SM90
-  if (prop.major == 9 && prop.minor == 0) {
-    // Clusters of row blocks share KV tiles (kv_producer.cuh), only where a whole grid of them is
-    // resident at once (a second wave would double the time). JAX_MLA_SM90_CLUSTER=1 forces them,
-    // =0 turns them off.
-    info.sm90_max_active_clusters = sm90::max_active_clusters<__nv_bfloat16>(sm90::kClusterRowBlocks);
-    const bool fits = info.sm90_max_active_clusters * sm90::kClusterRowBlocks >= info.sm_count;
-    const bool on = env.sm90_cluster >= 0 ? env.sm90_cluster == 1 : (kSm90ClusterDefault && fits);
-    info.sm90_cluster_row_blocks = on ? sm90::kClusterRowBlocks : 1;
-  }
-#endif
   const AutoCandidate candidate = auto_candidate(prop.major, prop.minor, built_kernels(), env.mode);
   if (candidate.needs_self_check) {
     const SelfCheckReport report = run_self_check(candidate.kernel, env.mode == SelfCheckMode::kFault);
@@ -319,10 +294,7 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   }
 
   p.sm_count = g_devices[device].sm_count;
-  p.cluster_row_blocks = g_devices[device].sm90_cluster_row_blocks;
   p.kv_l2_hint = process_env().kv_l2_hint;
-  p.row_blocks_adjacent = process_env().row_blocks_adjacent && p.cluster_row_blocks == 1;
-  p.cluster_shares_tiles = !process_env().sm90_cluster_placement;
   p.sm90_grouped_copies = process_env().sm90_grouped_copies;
 #if JAX_MLA_TRACE_BUFFER
   if (device == 0) {
@@ -410,11 +382,7 @@ int set_sm90_rescale_override(int mode) {
 
 CudaCallStats cuda_call_stats() {
   CudaCallStats st{g_decode_calls.load(std::memory_order_relaxed), g_decode_captured.load(std::memory_order_relaxed),
-                   0, 0, g_sm90_fused_merge_launches.load(std::memory_order_relaxed)};
-  if (g_devices[0].ready.load(std::memory_order_acquire)) {
-    st.sm90_cluster_row_blocks = g_devices[0].sm90_cluster_row_blocks;
-    st.sm90_max_active_clusters = g_devices[0].sm90_max_active_clusters;
-  }
+                   g_sm90_fused_merge_launches.load(std::memory_order_relaxed)};
   return st;
 }
 

@@ -13,12 +13,9 @@ int cuda_sm_count();
 // How often the CUDA decode handler's execute stage ran, and how many of those runs found their
 // stream capturing into a CUDA graph (XLA command buffers trace the custom call; replays of the
 // graph do not run the handler). For tests and diagnostics; defined in cuda_handler.cu.
-// Also device 0's SM90 launch policy once initialised (0 before).
 struct CudaCallStats {
   long long decode_calls;
   long long decode_captured;
-  int sm90_cluster_row_blocks;
-  int sm90_max_active_clusters;
   long long sm90_fused_merge_launches; // decode calls whose kernel merged the splits (JAX_MLA_SM90_MERGE auto / fused)
 };
 CudaCallStats cuda_call_stats();

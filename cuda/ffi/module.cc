@@ -144,8 +144,6 @@ nb::dict cuda_call_stats() {
   const jax_mla::CudaCallStats st = jax_mla::cuda_call_stats();
   d["decode_calls"] = st.decode_calls;
   d["decode_captured"] = st.decode_captured;
-  d["sm90_cluster_row_blocks"] = st.sm90_cluster_row_blocks;
-  d["sm90_max_active_clusters"] = st.sm90_max_active_clusters;
   d["sm90_fused_merge_launches"] = st.sm90_fused_merge_launches;
 #else
   d["decode_calls"] = 0;

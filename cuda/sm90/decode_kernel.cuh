@@ -1,8 +1,8 @@
 // The SM90 MLA decode kernel: roles, main loop and the "seesaw" protocol between the two consumers.
 // See config.h for the CTA layout and the shared-memory plan, docs/design.md for the semantics.
 //
-// Grid: (num_parts, num_m_blocks), or (num_m_blocks, num_parts) with p.row_blocks_adjacent. CTA
-// (p, mb) walks the pieces of work of part p of the split-KV schedule (cuda/common/scheduler.h)
+// Grid: (num_m_blocks, num_parts): the row blocks of one part, which read the same KV tiles, get
+// consecutive CTA ids. CTA (mb, p) walks the pieces of work of part p of the split-KV schedule (cuda/common/scheduler.h)
 // for query rows [64 mb, 64 mb + 64) of each request.
 //
 // The CTA's KV tiles form one sequence g = 0, 1, 2, ... over all its pieces (the producer's ring
@@ -48,9 +48,8 @@ template <typename Element>
 __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const DecodeParams& p,
                                               const CUtensorMap* q_map, const CUtensorMap* kv_map,
                                               const CUtensorMap* kv_group_map, const int32_t* part_info,
-                                              const int32_t* split_offsets, int m_block, int cta_rank,
-                                              int cluster_size) {
-  BoxRingProducer<Element, kNumSlots> producer{&s.kv_bars, &s.kv[0][0], {}, cta_rank, cluster_size};
+                                              const int32_t* split_offsets, int m_block) {
+  BoxRingProducer<Element, kNumSlots> producer{&s.kv_bars, &s.kv[0][0], {}};
   producer.group_map = kv_group_map;
   Tracer tr;
   tr.init(p, 0, true);  // this is the producer's one thread
@@ -71,16 +70,14 @@ __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const D
   tr.finish();
 }
 
-// What a CTA works on: its row block and its part's schedule entry. The grid
-// is (row blocks, parts) when p.row_blocks_adjacent (the row blocks of a part, which read the same
-// tiles, get consecutive CTA ids), else (parts, row blocks).
+// What a CTA works on: its row block (blockIdx.x) and its part's schedule entry (part blockIdx.y).
 struct CtaWork {
   int m_block;
   const int32_t* part_info;      // (kPartFields) of this CTA's part
   const int32_t* split_offsets;  // (b + 1)
   __device__ __forceinline__ explicit CtaWork(const DecodeParams& p) {
-    const int part = p.row_blocks_adjacent ? blockIdx.y : blockIdx.x;
-    m_block = p.row_blocks_adjacent ? blockIdx.x : blockIdx.y;
+    const int part = blockIdx.y;
+    m_block = blockIdx.x;
     part_info = p.schedule + static_cast<int64_t>(part) * kPartFields;
     split_offsets = p.schedule + static_cast<int64_t>(p.num_parts) * kPartFields;
   }
@@ -282,10 +279,10 @@ __device__ __forceinline__ void other_step(SharedStorage<Element>& s, const Tile
 template <typename Element>
 __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const DecodeParams& p,
                                               const int32_t* part_info, const int32_t* split_offsets, int m_block,
-                                              int consumer, int cluster_size, bool grouped_copies) {
+                                              int consumer, bool grouped_copies) {
   const int thread = threadIdx.x % 128;
   const RowCoords rc(thread);
-  const BoxRingConsumer<kNumSlots> kv{&s.kv_bars, cluster_size, grouped_copies};
+  const BoxRingConsumer<kNumSlots> kv{&s.kv_bars, grouped_copies};
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   const bool elected = thread == 0;
   Tracer tr;
@@ -450,31 +447,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   cta_tr.mark_both(kTrCtaEntry);
   extern __shared__ uint8_t smem_raw[];
   auto& s = *reinterpret_cast<SharedStorage<Element>*>(ptx::align_dynamic_smem<1024>(smem_raw));
-  // The CTAs of a cluster are row blocks of the same part: they walk the same tiles and share
-  // every tile's loads (kv_producer.cuh). Launched without a cluster, this is a cluster of one.
-  // With p.cluster_shares_tiles off the cluster only co-locates the row blocks, and each CTA
-  // runs as a cluster of one.
-  const bool shares = p.cluster_shares_tiles;
-  const int cluster_size = shares ? static_cast<int>(ptx::cluster_nctarank()) : 1;
-  const int cta_rank = shares ? static_cast<int>(ptx::cluster_ctarank()) : 0;
-  // Grouped copies (kv_producer.cuh kBoxesPerGroup): one cache row per tile, no tile sharing.
-  // Producer and consumers take the same decision.
-  const bool grouped_copies = p.sm90_grouped_copies && cluster_size == 1 && p.page_size >= kBlockN;
+  // Grouped copies (kv_producer.cuh kBoxesPerGroup): one cache row per tile. Producer and
+  // consumers take the same decision.
+  const bool grouped_copies = p.sm90_grouped_copies && p.page_size >= kBlockN;
   if (threadIdx.x == 0) {
     ptx::prefetch_tensor_map(&q_map);
     ptx::prefetch_tensor_map(&kv_map);
     if (grouped_copies) ptx::prefetch_tensor_map(&kv_group_map);
-    s.kv_bars.init(kNumConsumers, cluster_size);
+    s.kv_bars.init(kNumConsumers);
     ptx::mbarrier_init(&s.q_full, 1);
     ptx::mbarrier_init(&s.q_empty, kNumConsumers);
     ptx::fence_barrier_init();
   }
-  // Barriers initialised in every CTA before any peer multicasts into them or arrives on them.
-  if (cluster_size > 1) {
-    ptx::cluster_sync();
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();  // barriers initialised
   // Everything below reads memory written by earlier kernels (the schedule, q, the cache).
   ptx::grid_dependency_wait();
   ptx::grid_launch_dependents();
@@ -489,7 +474,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
       producer_main<Element>(s, p, &q_map, &kv_map, grouped_copies ? &kv_group_map : nullptr,
-                                    work.part_info, work.split_offsets, work.m_block, cta_rank, cluster_size);
+                             work.part_info, work.split_offsets, work.m_block);
     } else if (p.fused_merge && threadIdx.x >= 32) {
       // No combine kernel runs after this one: warps 1-3 write the requests with no piece.
       write_empty_requests<Element>(p, blockIdx.x + blockIdx.y * gridDim.x, gridDim.x * gridDim.y,
@@ -498,12 +483,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    consumer_main(s, p, work.part_info, work.split_offsets, work.m_block, warpgroup - 1, cluster_size,
-                  grouped_copies);
+    consumer_main(s, p, work.part_info, work.split_offsets, work.m_block, warpgroup - 1, grouped_copies);
   }
-  // No CTA may exit while a peer can still multicast into its shared memory or arrive on its
-  // barriers: every peer has released its last boxes before it gets here.
-  if (cluster_size > 1) ptx::cluster_sync();
+  // A no-op for correctness (every warp is converged here), but ptxas needs the roles to rejoin at a
+  // warp barrier: without it, it serialises the consumers' wgmmas for lack of registers (C7512) and
+  // spills (CUDA 13.0).
+  __syncwarp();
 #endif
 }
 

@@ -8,39 +8,22 @@
 
 namespace jax_mla::sm90 {
 
-// Row blocks of one split-KV part that may be launched as one cluster sharing every KV tile (TMA
-// multicast), when the number of row blocks is a multiple of it (the handler decides: see
-// cuda_handler.cu, JAX_MLA_SM90_CLUSTER).
-inline constexpr int kClusterRowBlocks = 2;
-
-// Whether launch_decode runs the kernel as clusters of p.cluster_row_blocks row blocks (parts-major
-// grid, and the row-block count a multiple of the cluster).
-inline bool launches_cluster(const DecodeParams& p) {
-  return !p.row_blocks_adjacent && p.cluster_row_blocks > 1 && num_row_blocks(p.rows) % p.cluster_row_blocks == 0;
-}
-
 // The in-kernel split merge (split_merge.cuh, p.fused_merge): the pieces of a request wait for each
 // other, so every CTA of the grid must be resident at once (one decode CTA fills an SM: at most
-// sm_count CTAs), with no cluster launch, and at most kFusedMergeMaxParts parts (a row's splits, one LSE per lane and register: 160 covers the
-// 132 parts of one row block per SM on an H100 / H200).
+// sm_count CTAs), and at most kFusedMergeMaxParts parts (a row's splits, one LSE per lane and
+// register: 160 covers the 132 parts of one row block per SM on an H100 / H200).
 inline constexpr int kFusedMergeMaxParts = 160;
 inline bool fused_merge_fits(const DecodeParams& p) {
   const int64_t sms = p.sm_count > 0 ? p.sm_count : 132;
-  return !launches_cluster(p) && p.num_parts <= kFusedMergeMaxParts && static_cast<int64_t>(num_row_blocks(p.rows)) * p.num_parts <= sms;
+  return p.num_parts <= kFusedMergeMaxParts && static_cast<int64_t>(num_row_blocks(p.rows)) * p.num_parts <= sms;
 }
 
 // One-time per-device setup (opt-in shared memory); call from the FFI initialize stage.
 template <typename Element>
 cudaError_t setup_decode();
 
-// How many clusters of `cluster_row_blocks` decode CTAs can be resident at once on this device
-// (0 when the launch would fail); lets the handler use clusters only when a grid of them fits.
-template <typename Element>
-int max_active_clusters(int cluster_row_blocks);
-
-// Launches the decode kernel over grid (p.num_parts, ceil(p.rows / 64)) with programmatic dependent
-// launch, as clusters of p.cluster_row_blocks row blocks when that divides the row-block count.
-// q_map: (b * rows, 576) box (64, 64); kv_map: (num_pages * page_size, 576)
+// Launches the decode kernel over grid (ceil(p.rows / 64), p.num_parts) with programmatic dependent
+// launch. q_map: (b * rows, 576) box (64, 64); kv_map: (num_pages * page_size, 576)
 // box (min(page_size, 64), 64); kv_group_map: the cache's column-box view with box (64, 64, 3) when
 // p.sm90_grouped_copies and pages of >= 64 tokens (kv_producer.cuh kBoxesPerGroup), else unused.
 template <typename Element>

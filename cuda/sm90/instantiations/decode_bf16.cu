@@ -5,7 +5,6 @@
 
 namespace jax_mla::sm90 {
 template cudaError_t setup_decode<__nv_bfloat16>();
-template int max_active_clusters<__nv_bfloat16>(int);
 template cudaError_t launch_decode<__nv_bfloat16>(const DecodeParams&, const CUtensorMap&, const CUtensorMap&,
                                                   const CUtensorMap&, cudaStream_t);
 }  // namespace jax_mla::sm90

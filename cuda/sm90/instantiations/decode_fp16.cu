@@ -5,7 +5,6 @@
 
 namespace jax_mla::sm90 {
 template cudaError_t setup_decode<__half>();
-template int max_active_clusters<__half>(int);
 template cudaError_t launch_decode<__half>(const DecodeParams&, const CUtensorMap&, const CUtensorMap&,
                                            const CUtensorMap&, cudaStream_t);
 }  // namespace jax_mla::sm90
