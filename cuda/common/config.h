@@ -31,8 +31,8 @@ inline constexpr int kBlockM = 64;
 // Row blocks of kBlockM rows covering a request's `rows` query rows.
 MLA_HOST_DEVICE int num_row_blocks(int rows) { return (rows + kBlockM - 1) / kBlockM; }
 
-// Boxes of 64 columns per TMA copy when a KV tile is loaded as grouped copies (SM90 with
-// DecodeParams::sm90_grouped_copies; cuda/common/kv_producer.cuh).
+// Boxes of 64 columns per TMA copy when a KV tile is loaded as grouped copies (SM90, pages of >= 64
+// tokens; cuda/common/kv_producer.cuh).
 inline constexpr int kBoxesPerGroup = 3;
 
 // Fixed cost of one split in units of kBlockN-token blocks: the per-split prologue

@@ -132,28 +132,14 @@ __device__ __forceinline__ TileSource locate_tile(const PagedKV& kv, int first_t
 }
 
 // The TMA copies of box `box` (columns 64 box .. 64 box + 63) of a located tile into box_dst, (BLK_N, 64),
-// completing on `bar` (whose expected bytes the caller armed): one copy per page chunk, with the L2
-// hint if any.
+// completing on `bar` (whose expected bytes the caller armed): one copy per page chunk.
 template <typename Element>
 __device__ __forceinline__ void copy_box(Element* box_dst, const PagedKV& kv, uint64_t* bar, int box,
-                                         const TileSource& t, KvL2Hint l2_hint, uint64_t l2_policy) {
+                                         const TileSource& t) {
 #pragma unroll
   for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
-    if (k < t.copies) {
-      Element* dst = box_dst + k * t.box_rows * kKvBoxCols;
-      if (l2_hint == KvL2Hint::kNone) {
-        ptx::tma_load_2d(dst, kv.map, bar, box * kKvBoxCols, t.rows[k]);
-      } else {
-        ptx::tma_load_2d_hint(dst, kv.map, bar, box * kKvBoxCols, t.rows[k], l2_policy);
-      }
-    }
+    if (k < t.copies) ptx::tma_load_2d(box_dst + k * t.box_rows * kKvBoxCols, kv.map, bar, box * kKvBoxCols, t.rows[k]);
   }
-}
-
-__device__ __forceinline__ uint64_t l2_policy_for(KvL2Hint hint) {
-  if (hint == KvL2Hint::kEvictFirst) return ptx::l2_policy_evict_first();
-  if (hint == KvL2Hint::kEvictLast) return ptx::l2_policy_evict_last();
-  return 0;
 }
 
 template <typename Element, int kNumStages>
@@ -161,14 +147,6 @@ struct DecodeKVProducer {
   KVPipelineBarriers<kNumStages>* bars;
   Element* smem;  // (stage, box, BLK_N, 64)
   PipelineState<kNumStages> state;
-  // L2 eviction priority of the KV copies (DecodeParams::kv_l2_hint).
-  KvL2Hint l2_hint = KvL2Hint::kNone;
-  uint64_t l2_policy = 0;  // from l2_policy_* when l2_hint is set
-
-  __device__ __forceinline__ void set_l2_hint(KvL2Hint hint) {
-    l2_hint = hint;
-    l2_policy = l2_policy_for(hint);
-  }
 
   __device__ __forceinline__ Element* stage_ptr(int stage) const {
     return smem + static_cast<size_t>(stage) * kKvBoxesQK * kKvBoxElems;
@@ -189,7 +167,7 @@ struct DecodeKVProducer {
     for (int box = 0; box < kKvBoxesQK; ++box) {
       uint64_t* bar = &bars->full[state.stage][box];
       ptx::mbarrier_arrive_expect_tx(bar, kKvBoxBytes);
-      copy_box(dst + box * kKvBoxElems, kv, bar, box, t, l2_hint, l2_policy);
+      copy_box(dst + box * kKvBoxElems, kv, bar, box, t);
     }
   }
 
@@ -222,7 +200,6 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePar
                                              OnLoaded on_loaded = {}) {
   constexpr int kQBoxElems = kBlockM * kKvBoxCols;
   const int log2_page = 31 - __clz(p.page_size);
-  producer.set_l2_hint(p.kv_l2_hint);
   int piece_count = 0;
   for (int r = part_info[kPartBeginReq]; r <= part_info[kPartEndReq]; ++r) {
     const PieceOfWork w = piece_of(part_info, split_offsets, p.seq_lens, r);
@@ -332,17 +309,11 @@ struct BoxRingProducer {
   BoxRingBarriers<kNumSlots>* bars;
   Element* smem;  // (slot, BLK_N, 64)
   TileSlots<kNumSlots> tile;
-  KvL2Hint l2_hint = KvL2Hint::kNone;
-  uint64_t l2_policy = 0;
   // Grouped copies (see kBoxesPerGroup) when set: the column-box view of the cache, box
   // (64, 64, kBoxesPerGroup). Only for pages of >= 64 tokens; the consumers must be told
   // (BoxRingConsumer::grouped).
   const CUtensorMap* group_map = nullptr;
 
-  __device__ __forceinline__ void set_l2_hint(KvL2Hint hint) {
-    l2_hint = hint;
-    l2_policy = l2_policy_for(hint);
-  }
   __device__ __forceinline__ TileSource locate_tile(const PagedKV& kv, int first_token) const {
     return jax_mla::locate_tile(kv, first_token);
   }
@@ -361,12 +332,7 @@ struct BoxRingProducer {
         const int slot = tile.slot(box);
         uint64_t* bar = &bars->full[slot];
         ptx::mbarrier_arrive_expect_tx(bar, kBoxesPerGroup * kKvBoxBytes);
-        Element* dst = smem + static_cast<size_t>(slot) * kKvBoxElems;
-        if (l2_hint == KvL2Hint::kNone) {
-          ptx::tma_load_3d(dst, group_map, bar, 0, t.rows[0], box);
-        } else {
-          ptx::tma_load_3d_hint(dst, group_map, bar, 0, t.rows[0], box, l2_policy);
-        }
+        ptx::tma_load_3d(smem + static_cast<size_t>(slot) * kKvBoxElems, group_map, bar, 0, t.rows[0], box);
       }
       return;
     }
@@ -376,7 +342,7 @@ struct BoxRingProducer {
       const int slot = tile.slot(box);
       uint64_t* bar = &bars->full[slot];
       ptx::mbarrier_arrive_expect_tx(bar, kKvBoxBytes);
-      copy_box(smem + static_cast<size_t>(slot) * kKvBoxElems, kv, bar, box, t, l2_hint, l2_policy);
+      copy_box(smem + static_cast<size_t>(slot) * kKvBoxElems, kv, bar, box, t);
     }
   }
   __device__ __forceinline__ void commit_step() { tile.advance(); }

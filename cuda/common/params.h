@@ -11,9 +11,6 @@ namespace jax_mla {
 
 enum class DType : int { kBF16 = 0, kF16 = 1 };
 
-// L2 eviction priority of the KV cache copies (GPU kernels with a TMA producer).
-enum class KvL2Hint : int { kNone = 0, kEvictFirst = 1, kEvictLast = 2 };
-
 struct DecodeParams {
   // Shapes.
   int batch;         // b
@@ -32,11 +29,6 @@ struct DecodeParams {
   // The device's SM count (set by the CUDA handler) for sizing persistent grids (0: unknown, the
   // launchers assume 132).
   int sm_count = 0;
-  KvL2Hint kv_l2_hint = KvL2Hint::kNone;
-  // SM90, pages of >= 64 tokens: each KV tile as 3 TMA copies of 3 boxes
-  // (kv_producer.cuh kBoxesPerGroup) instead of 9 copies of one box. The CUDA handler sets it from
-  // JAX_MLA_SM90_KV_COPY (group, its default | box).
-  bool sm90_grouped_copies = false;
 
   // SM90: merge the split-KV partials inside the decode kernel instead of the combine kernel
   // (cuda/sm90/split_merge.cuh). Set by the launcher (decode_launch.cu) only when the whole grid

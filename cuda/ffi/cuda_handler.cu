@@ -110,11 +110,6 @@ struct ProcessEnv {
   SelfCheckMode mode = SelfCheckMode::kDefault;
   bool mode_valid = true;
   // Launch-time experiments, measured in docs/performance.md (defaults: what measured fastest).
-  KvL2Hint kv_l2_hint = KvL2Hint::kNone;  // JAX_MLA_KV_L2_HINT: none (default) | evict_first | evict_last
-  // JAX_MLA_SM90_KV_COPY: group (default: 3 copies of 3 boxes per KV tile; kv_producer.cuh) | box
-  // (9 copies of one box). On an H100, group was 1.6% faster on b64/h16 in both A/B pairs, level or
-  // 4% faster on b128/4K (docs/performance.md, 2026-12-05, tenth session); not measured on an H200.
-  bool sm90_grouped_copies = true;
   // JAX_MLA_SM90_MERGE: auto (default) | fused | combine. fused: split requests are merged by the
   // decode kernel itself wherever its grid fits on the GPU at once (cuda/sm90/split_merge.cuh);
   // combine: always by the combine kernel; auto: the measured choice, today fused wherever it
@@ -146,12 +141,7 @@ const ProcessEnv& process_env() {
     e.kernel = k ? k : "";
     e.self_check = c ? c : "";
     e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
-    // Tuning switches (not semantics): JAX_MLA_KV_L2_HINT, JAX_MLA_SM90_KV_COPY, JAX_MLA_SM90_MERGE,
-    // JAX_MLA_SM90_RESCALE.
-    const int hint = env_choice("JAX_MLA_KV_L2_HINT", {"none", "evict_first", "evict_last"},
-                                static_cast<int>(e.kv_l2_hint));
-    e.kv_l2_hint = static_cast<KvL2Hint>(hint);  // names in KvL2Hint's order
-    e.sm90_grouped_copies = env_choice("JAX_MLA_SM90_KV_COPY", {"box", "group"}, e.sm90_grouped_copies ? 1 : 0) == 1;
+    // Tuning switches (not semantics): JAX_MLA_SM90_MERGE, JAX_MLA_SM90_RESCALE.
     e.sm90_merge_mode = env_choice("JAX_MLA_SM90_MERGE", {"combine", "fused", "auto"}, e.sm90_merge_mode);
     e.sm90_rescale_mode = env_choice("JAX_MLA_SM90_RESCALE", {"exact", "lazy"}, e.sm90_rescale_mode);
     return e;
@@ -294,8 +284,6 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   }
 
   p.sm_count = g_devices[device].sm_count;
-  p.kv_l2_hint = process_env().kv_l2_hint;
-  p.sm90_grouped_copies = process_env().sm90_grouped_copies;
 #if JAX_MLA_TRACE_BUFFER
   if (device == 0) {
     p.trace = g_trace;

@@ -78,7 +78,7 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedu
     // SM90's grouped copies (kv_producer.cuh kBoxesPerGroup): the column-box view, pages of >= 64
     // tokens only (the kernel uses it only then); otherwise a copy of kv_map stands in, unused.
     kv_group_map = kv_map;
-    if (kernel == Kernel::kSm90 && p.sm90_grouped_copies && p.page_size >= kBlockN &&
+    if (kernel == Kernel::kSm90 && p.page_size >= kBlockN &&
         !make_tensor_map_col_boxes(&kv_group_map, p.kv_cache, p.dtype, static_cast<uint64_t>(p.num_pages) * p.page_size,
                                    kHeadDimQK, kHeadDimQK, kBlockN, kBoxesPerGroup, &st.what)) {
       return st;

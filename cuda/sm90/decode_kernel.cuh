@@ -447,9 +447,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   cta_tr.mark_both(kTrCtaEntry);
   extern __shared__ uint8_t smem_raw[];
   auto& s = *reinterpret_cast<SharedStorage<Element>*>(ptx::align_dynamic_smem<1024>(smem_raw));
-  // Grouped copies (kv_producer.cuh kBoxesPerGroup): one cache row per tile. Producer and
-  // consumers take the same decision.
-  const bool grouped_copies = p.sm90_grouped_copies && p.page_size >= kBlockN;
+  // Grouped copies (kv_producer.cuh kBoxesPerGroup) where a tile is one cache row (pages of >= 64
+  // tokens); smaller pages load box by box. Producer and consumers take the same decision.
+  const bool grouped_copies = p.page_size >= kBlockN;
   if (threadIdx.x == 0) {
     ptx::prefetch_tensor_map(&q_map);
     ptx::prefetch_tensor_map(&kv_map);

@@ -24,8 +24,8 @@ cudaError_t setup_decode();
 
 // Launches the decode kernel over grid (ceil(p.rows / 64), p.num_parts) with programmatic dependent
 // launch. q_map: (b * rows, 576) box (64, 64); kv_map: (num_pages * page_size, 576)
-// box (min(page_size, 64), 64); kv_group_map: the cache's column-box view with box (64, 64, 3) when
-// p.sm90_grouped_copies and pages of >= 64 tokens (kv_producer.cuh kBoxesPerGroup), else unused.
+// box (min(page_size, 64), 64); kv_group_map: the cache's column-box view with box (64, 64, 3) for
+// pages of >= 64 tokens (kv_producer.cuh kBoxesPerGroup), else unused.
 template <typename Element>
 cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
                           const CUtensorMap& kv_group_map, cudaStream_t stream);
