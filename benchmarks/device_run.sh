@@ -2,7 +2,7 @@
 # One full call on the GPU machine (the `device` tool's H200): install jax_mla, run the GPU tests,
 # the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
-#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|trace|tmabw|stats|peers|peersncu|multigpu]...   (default: tests bench; run in that order)
+#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|tmabw|stats|peers|peersncu|multigpu]...   (default: tests bench; run in that order)
 # Environment: AB_WHEELS (other wheels to install for A/B variants, below), TESTS_TIMEOUT, BENCH_TIMEOUT (default 420 s: the full benchmark with --xla took more than
 # 240 s on an H200; its JSON is written after every config, so a cut keeps the finished rows), BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
 # SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
@@ -83,8 +83,8 @@ run_tests() {
 # The SM clock and power during a step: nvidia-smi every 100 ms in the background
 # (clock_probe_start), then (clock_probe_report) the median and lowest SM clock, the highest power
 # and the clock-event (throttle) reasons seen, over all samples and over those drawing more than
-# 300 W, so the clocks of a loop are measured rather than assumed (clock64 counts in the event
-# trace are SM clocks). On 2026-12-03 no sample exceeded 300 W: nvidia-smi's power reading is
+# 300 W, so the clocks of a loop are measured rather than assumed (ncu's cycle counts are SM
+# clocks). On 2026-12-03 no sample exceeded 300 W: nvidia-smi's power reading is
 # averaged, so short bursts of work do not show as busy samples.
 clock_probe_start() {
   (nvidia-smi --query-gpu=clocks.sm,power.draw,clocks_event_reasons.active --format=csv,noheader,nounits -lms 100 \
@@ -333,26 +333,6 @@ run_xladump() {
   grep -hiE "command.buffer" "$OUT"/xladump-*.log | grep -viE "^\s*%|ROOT" | sort | uniq -c | sort -rn | head -12
 }
 
-# The SM90 kernel's event log (debug build): a wheel configured with -DJAX_MLA_SM90_TRACE=ON, carried
-# in .whl-trace/ (build it on the CPU machine: docs/performance.md), installed apart, and
-# benchmarks/trace_chain.py on each config of TRACE_CONFIG (comma-separated; default b128/4K): per role of each CTA, the clocks
-# between consecutive events (S issued, S done, softmax done, P V issued and done, release, acquire),
-# and per tile the clocks from load issue to last box ready. TRACE_ARGS adds arguments (e.g.
-# "--cta 7" for one CTA's events in clock order). TRACE_WHEEL: another folder holding a traced wheel
-# (e.g. .whl-trace-next, a branch's), instead of .whl-trace.
-run_trace() {
-  rm -rf /tmp/jax_mla_trace && mkdir -p /tmp/jax_mla_trace
-  python3 -m pip install -q --no-deps --no-index --target /tmp/jax_mla_trace "${TRACE_WHEEL:-.whl-trace}"/jax_mla-*.whl ||
-    { echo "no traced wheel in ${TRACE_WHEEL:-.whl-trace}/"; status=1; return; }
-  local cfg
-  for cfg in $(echo "${TRACE_CONFIG:-b128_sq1_h128_4k}" | tr ',' ' '); do
-    echo "== SM90 event trace: $cfg"
-    PYTHONPATH=/tmp/jax_mla_trace timeout 150 python3 -P benchmarks/trace_chain.py --config "$cfg" ${TRACE_ARGS:-} 2>&1 |
-      tee "$OUT/trace-$cfg.log" | tail -40
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  done
-}
-
 # The ceiling of the KV load path without compute (benchmarks/tma_bandwidth.cu): TMA tiles into
 # every SM's shared memory, L2-resident and from DRAM, 1-3 tiles in flight per SM, each tile read by
 # 1 or 2 CTAs. Built here with nvcc (seconds); TMABW_ARGS runs one configuration instead of the
@@ -382,7 +362,6 @@ for step in "${steps[@]}"; do
     ab) run_ab ;;
     ncusrc) run_ncusrc ;;
     xladump) run_xladump ;;
-    trace) run_trace ;;
     tmabw) run_tmabw ;;
     stats) run_stats ;;
     peers) run_peers ;;

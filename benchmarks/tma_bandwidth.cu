@@ -23,20 +23,19 @@
 //
 // Hold mode (`hold` clocks > 0): each stage is released only `hold` clocks after its last box landed,
 // as the decode consumers keep a stage through S, the softmax and both P V; with two stages the
-// time per tile is then the hold plus the release-to-landed latency of a reload, which the decode
-// kernel's event trace measured at ~5000 clocks (acquire -> last box ready) for b128/4K.
+// time per tile is then the hold plus the release-to-landed latency of a reload (~5000 clocks from
+// acquire to last box ready in the SM90 kernel on b128/4K, docs/performance.md).
 //
-// Copy mode (`copy` = boxes per TMA copy: 1, 3 or 9): the kernels load each tile as 9 copies of one
-// (64, 64) box, each completing its own barrier, so Q K^T can start on box 0; the decode kernel's
-// event trace saw the producer's nine issues take ~2700 clocks while the previous tile's copies were
-// in flight. With copy = 3 or 9 the same bytes come as 3 or 1 copies of a 3-D view of the cache
-// (tensor_map.h make_tensor_map_col_boxes) into the same shared-memory layout: does the SM's load
-// path go faster with fewer, larger copies?
+// Copy mode (`copy` = boxes per TMA copy: 1, 3 or 9): 1 loads each tile as 9 copies of one (64, 64)
+// box, each completing its own barrier, as the SM100 kernel does (the producer's nine issues took
+// ~2700 clocks in the SM90 kernel while the previous tile's copies were in flight). With copy = 3 or
+// 9 the same bytes come as 3 or 1 copies of a 3-D view of the cache (tensor_map.h
+// make_tensor_map_col_boxes) into the same shared-memory layout, as the SM90 kernel's grouped copies
+// (3) do: does the SM's load path go faster with fewer, larger copies?
 //
 // Prints, per configuration, the median time of one kernel over `reps` runs, the bytes landed in
 // shared memory per second (the L2 -> SM rate) and the same divided by `share` (what DRAM supplies
-// when the other sharers find each tile in L2). docs/performance.md (fifth session of 2026-12-03,
-// next step 4) says why.
+// when the other sharers find each tile in L2). docs/performance.md (2026-12-03) says why.
 //
 // Build and run on the GPU machine (compile only here):
 //   nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a -I cuda benchmarks/tma_bandwidth.cu cuda/common/tensor_map.cu \

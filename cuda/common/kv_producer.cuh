@@ -175,29 +175,22 @@ struct DecodeKVProducer {
   __device__ __forceinline__ int tile_stage() const { return state.stage; }
 };
 
-// The default of an optional hook: does nothing (inlined away).
-struct NoHook {
-  __device__ __forceinline__ void operator()() const {}
-};
-
 // The producer thread's whole job, shared by the SM90 and SM100 kernels and by both rings: walk the
 // pieces of one split-KV part (scheduler.h) and, per piece, load Q of this CTA's row block once the
 // consumers released the previous piece's Q (q_empty, parity of the piece count), then the piece's
-// KV tiles into the ring. Q of a row block (the tensor map's
-// box rows), stored as 9 boxes of (BLK_M, 64). Hooks keep each
-// kernel's own bookkeeping (bad block-table entries, the trace):
+// KV tiles into the ring. Q of a row block is stored as 9 boxes of (BLK_M, 64). Hooks keep each
+// kernel's own bookkeeping (bad block-table entries):
 //   on_piece(parity)   after the previous piece's Q was released, before this piece's Q load;
 //   on_tile(parity, stage, ok)  after acquire() (the stage, or the slot of box 0, is free), before
 //                      the tile's arrivals, so a consumer that has waited for the tile also sees what
-//                      the hook wrote;
-//   on_loaded()        after the tile's copies were issued (optional; the SM90 event trace).
-template <typename Producer, typename Element, typename OnPiece, typename OnTile, typename OnLoaded = NoHook>
+//                      the hook wrote.
+template <typename Producer, typename Element, typename OnPiece, typename OnTile>
 __device__ __forceinline__ void produce_part(Producer& producer, const DecodeParams& p, const CUtensorMap* q_map,
                                              const CUtensorMap* kv_map, const int32_t* part_info,
                                              const int32_t* split_offsets, int m_block,
                                              Element* q_smem,  // (9 boxes, BLK_M, 64)
-                                             uint64_t* q_full, uint64_t* q_empty, OnPiece on_piece, OnTile on_tile,
-                                             OnLoaded on_loaded = {}) {
+                                             uint64_t* q_full, uint64_t* q_empty, OnPiece on_piece,
+                                             OnTile on_tile) {
   constexpr int kQBoxElems = kBlockM * kKvBoxCols;
   const int log2_page = 31 - __clz(p.page_size);
   int piece_count = 0;
@@ -229,7 +222,6 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePar
       producer.acquire();
       on_tile(parity, producer.tile_stage(), source.ok);
       producer.load_tile(kv, source);
-      on_loaded();
       producer.commit_step();
     }
     ++piece_count;

@@ -50,11 +50,6 @@ struct DecodeParams {
   // (ffi/split_plan_policy.h).
   SplitPlanPolicy split_plan = SplitPlanPolicy::kAuto;
 
-  // Debug builds only (CMake JAX_MLA_SM90_TRACE): the SM90 kernel's event log, see
-  // cuda/sm90/trace.cuh; null otherwise.
-  uint64_t* trace = nullptr;
-  int trace_ctas = 0;
-
   // Inputs (device or host pointers, per platform).
   const void* q;                // (b, s_q, h_q, 576)       row-major
   const void* kv_cache;         // (num_pages, page_size, 576) row-major

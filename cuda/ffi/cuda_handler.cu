@@ -11,7 +11,6 @@
 // sm90 on 9.0 with JAX_MLA_SELFCHECK=force|fault) -- it allocates and synchronises its own stream,
 // which the execute stage never does. JAX_MLA_KERNEL and JAX_MLA_SELFCHECK are read once per
 // process, at the first initialization.
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <array>
@@ -23,7 +22,6 @@
 #include <initializer_list>
 #include <mutex>
 #include <string>
-#include <vector>
 
 #include "common/launch.h"
 #include "common/params.h"
@@ -37,17 +35,6 @@
 #include "ffi/self_check.h"
 #include "ffi/split_plan_policy.h"
 #include "handlers.h"
-#ifdef JAX_MLA_HAVE_SM90
-#include "sm90/launch.h"
-#include "sm90/trace.cuh"
-#endif
-
-// The SM90 event log (debug builds, CMake JAX_MLA_SM90_TRACE; cuda/sm90/trace.cuh).
-#if defined(JAX_MLA_HAVE_SM90) && defined(JAX_MLA_SM90_TRACE) && JAX_MLA_SM90_TRACE
-#define JAX_MLA_TRACE_BUFFER 1
-#else
-#define JAX_MLA_TRACE_BUFFER 0
-#endif
 
 namespace ffi = ::xla::ffi;
 
@@ -68,12 +55,6 @@ struct DeviceInfo {
 constexpr int kMaxDevices = 64;
 std::array<DeviceInfo, kMaxDevices> g_devices;
 std::mutex g_devices_mutex;
-
-#if JAX_MLA_TRACE_BUFFER
-// The event log of device 0, allocated by its initialize stage.
-uint64_t* g_trace = nullptr;
-int g_trace_ctas = 0;
-#endif
 
 std::atomic<long long> g_decode_calls{0};
 std::atomic<long long> g_decode_captured{0};
@@ -192,15 +173,6 @@ ffi::Error init_device_locked(int device) {
       std::fflush(stderr);
     }
   }
-#if JAX_MLA_TRACE_BUFFER
-  if (device == 0 && g_trace == nullptr) {
-    const int ctas = 2 * info.sm_count;  // enough for the grids of one wave and their row blocks
-    const size_t bytes = sizeof(uint64_t) * ctas * sm90::kTraceRoles * sm90::kTraceSlots;
-    if (cudaError_t e = cudaMalloc(&g_trace, bytes); e != cudaSuccess) return cuda_error("trace buffer", e);
-    if (cudaError_t e = cudaMemset(g_trace, 0, bytes); e != cudaSuccess) return cuda_error("trace buffer", e);
-    g_trace_ctas = ctas;
-  }
-#endif
   info.ready.store(true, std::memory_order_release);
   return ffi::Error::Success();
 }
@@ -284,12 +256,6 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   }
 
   p.sm_count = g_devices[device].sm_count;
-#if JAX_MLA_TRACE_BUFFER
-  if (device == 0) {
-    p.trace = g_trace;
-    p.trace_ctas = g_trace_ctas;
-  }
-#endif
   uint8_t* ws = static_cast<uint8_t*>(workspace->untyped_data());
   const WorkspaceLayout layout = workspace_layout(p.batch, p.rows, p.num_parts);
   p.partial_lse = reinterpret_cast<float*>(ws + layout.partial_lse_offset);
@@ -337,28 +303,6 @@ ffi::Error ScheduleExecuteImpl(cudaStream_t stream, ffi::AnyBuffer seq_lens, ffi
 }
 
 }  // namespace
-
-TraceDump sm90_trace_read(bool reset) {
-  TraceDump d;
-  d.built = JAX_MLA_TRACE_BUFFER != 0;
-#if JAX_MLA_TRACE_BUFFER
-  if (g_trace == nullptr) return d;  // device 0 not initialised yet
-  d.ctas = g_trace_ctas;
-  d.roles = sm90::kTraceRoles;
-  d.slots = sm90::kTraceSlots;
-  d.words.resize(static_cast<size_t>(d.ctas) * d.roles * d.slots);
-  const size_t bytes = d.words.size() * sizeof(uint64_t);
-  if (cudaDeviceSynchronize() != cudaSuccess ||
-      cudaMemcpy(d.words.data(), g_trace, bytes, cudaMemcpyDeviceToHost) != cudaSuccess ||
-      (reset && cudaMemset(g_trace, 0, bytes) != cudaSuccess)) {
-    d.words.clear();
-    d.error = "CUDA error while reading the trace buffer";
-  }
-#else
-  (void)reset;
-#endif
-  return d;
-}
 
 int set_sm90_merge_override(int mode) {
   return g_sm90_merge_override.exchange(mode < 0 || mode > kSm90MergeAuto ? -1 : mode);

@@ -2,9 +2,6 @@
 // Defined in device_query.cu, which is compiled only with CUDA (JAX_MLA_WITH_CUDA).
 #pragma once
 
-#include <string>
-#include <vector>
-
 namespace jax_mla {
 
 // Multiprocessor count of CUDA device 0; 0 when there is no device, no driver, or any error.
@@ -32,16 +29,5 @@ int set_sm90_merge_override(int mode);
 // kLazyRescaleSlack; DecodeParams::sm90_max_slack). For benchmarks and tests that compare both in
 // one process (benchmarks/bench_decode.py --rescale). Returns the previous override.
 int set_sm90_rescale_override(int mode);
-
-// The SM90 kernel's event log of device 0 (debug builds with CMake JAX_MLA_SM90_TRACE; see
-// cuda/sm90/trace.cuh): (ctas, roles, slots) uint64 words, copied after a device synchronisation,
-// and zeroed afterwards when `reset`. built is false (and words empty) in normal builds.
-struct TraceDump {
-  bool built = false;
-  int ctas = 0, roles = 0, slots = 0;
-  std::vector<unsigned long long> words;
-  std::string error;
-};
-TraceDump sm90_trace_read(bool reset);
 
 }  // namespace jax_mla

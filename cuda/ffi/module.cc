@@ -152,20 +152,6 @@ nb::dict cuda_call_stats() {
   return d;
 }
 
-// (bytes of (ctas, roles, slots) uint64, ctas, roles, slots) of the SM90 event log (debug builds).
-nb::tuple sm90_trace(bool reset) {
-#ifdef JAX_MLA_WITH_CUDA
-  jax_mla::TraceDump d = jax_mla::sm90_trace_read(reset);
-  if (!d.built) throw std::runtime_error("jax_mla: built without the SM90 trace (CMake -DJAX_MLA_SM90_TRACE=ON)");
-  if (!d.error.empty()) throw std::runtime_error("jax_mla: " + d.error);
-  nb::bytes data(reinterpret_cast<const char*>(d.words.data()), d.words.size() * sizeof(unsigned long long));
-  return nb::make_tuple(data, d.ctas, d.roles, d.slots);
-#else
-  (void)reset;
-  throw std::runtime_error("jax_mla: this build has no CUDA kernels");
-#endif
-}
-
 void check_sizes(int64_t batch, int64_t num_parts) {
   if (batch < 0) throw nb::value_error("batch must be >= 0");
   if (num_parts < 1) throw nb::value_error("num_parts must be >= 1");
@@ -324,9 +310,6 @@ NB_MODULE(_ext, m) {
   m.def("auto_candidate", &auto_candidate, nb::arg("cc_major"), nb::arg("cc_minor"),
         nb::arg("built") = std::vector<std::string>{"sm90"}, nb::arg("self_check_mode") = "",
         "(kernel, needs_self_check): what kernel='auto' prefers on a device before any self-check.");
-  m.def("sm90_trace", &sm90_trace, nb::arg("reset") = true,
-        "Debug builds (CMake JAX_MLA_SM90_TRACE) only: (bytes, ctas, roles, slots) of the SM90 kernel's "
-        "per-CTA event log on device 0 (cuda/sm90/trace.cuh), read after a device synchronisation.");
   m.def("built_kernels", &built_kernels, "Names of the GPU decode kernels compiled into this build.");
   m.def("kernel_info", &kernel_info, nb::arg("device_ordinal"),
         "Which kernel a CUDA device uses (initializes it for jax_mla if needed, self-check included).");

@@ -39,7 +39,6 @@
 #include "epilogue.cuh"
 #include "softmax.cuh"
 #include "split_merge.cuh"
-#include "trace.cuh"
 #include "wgmma.cuh"
 
 namespace jax_mla::sm90 {
@@ -51,23 +50,14 @@ __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const D
                                               const int32_t* split_offsets, int m_block) {
   BoxRingProducer<Element, kNumSlots> producer{&s.kv_bars, &s.kv[0][0], {}};
   producer.group_map = kv_group_map;
-  Tracer tr;
-  tr.init(p, 0, true);  // this is the producer's one thread
-  tr.mark(kTrProducerStart);
   // A bad block-table entry anywhere in a piece makes the whole request NaN: the flag is per piece
   // (parity), cleared before its Q load and set before the bad tile's arrivals.
   produce_part(
       producer, p, q_map, kv_map, part_info, split_offsets, m_block, &s.q[0][0], &s.q_full, &s.q_empty,
-      [&](int parity) {
-        tr.mark(kTrQSlotFree);
-        s.bad_request[parity] = 0;
-      },
+      [&](int parity) { s.bad_request[parity] = 0; },
       [&](int parity, int, bool ok) {
-        tr.mark(kTrAcquired);
         if (!ok) s.bad_request[parity] = 1;
-      },
-      [&]() { tr.mark(kTrLoadIssued); });
-  tr.finish();
+      });
 }
 
 // What a CTA works on: its row block (blockIdx.x) and its part's schedule entry (part blockIdx.y).
@@ -108,7 +98,7 @@ __device__ __forceinline__ uint32_t slot_addr(SharedStorage<Element>& s, const T
 // caller waits for the group(s).
 template <typename Element>
 __device__ __forceinline__ void issue_scores(SharedStorage<Element>& s, const BoxRingConsumer<kNumSlots>& kv,
-                                             const TileCursor& t, ScoreFragment& sc, Tracer& tr,
+                                             const TileCursor& t, ScoreFragment& sc,
                                              int box_begin = 0, int box_end = kKvBoxesQK) {
   const uint32_t q_base = ptx::smem_addr(&s.q[0][0]);
   wgmma_fence();
@@ -116,7 +106,6 @@ __device__ __forceinline__ void issue_scores(SharedStorage<Element>& s, const Bo
   for (int box = 0; box < kKvBoxesQK; ++box) {
     if (box < box_begin || box >= box_end) continue;
     kv.wait_box(t.slots, box);
-    if (box == kKvBoxesQK - 1) tr.mark(kTrLastBoxReady);
     const uint32_t k_box = slot_addr(s, t, box);
     const uint32_t q_box = q_base + box * kQBoxElems * 2;
 #pragma unroll
@@ -209,8 +198,8 @@ template <typename Element>
 __device__ __forceinline__ void owner_step(SharedStorage<Element>& s, const TileCursor& t,
                                            const RowCoords& rc, int consumer, const TileInfo& ti,
                                            const int (&visible)[2], int visible_min, float scale_log2,
-                                           float max_slack, ScoreFragment& sc, PFragment& pf, RowState& rs, float (&o)[128],
-                                           Tracer& tr) {
+                                           float max_slack, ScoreFragment& sc, PFragment& pf, RowState& rs,
+                                           float (&o)[128]) {
   const int thread = threadIdx.x % 128;
   if (ti.first_token + kBlockN > visible_min) mask_scores(sc, rc, ti.first_token, visible);
   float tile_max[2];
@@ -240,7 +229,6 @@ __device__ __forceinline__ void owner_step(SharedStorage<Element>& s, const Tile
   if (last_tile) zero_dead_v_rows<kVBoxesPerConsumer>(s, t, v_box0(consumer), ti.seq_len - ti.first_token, thread);
   ptx::fence_proxy_async_smem();  // P and the zeroed rows, before async-proxy (wgmma) reads
   ptx::named_barrier_arrive(kBarPReady + consumer, kConsumerThreads);
-  tr.mark(kTrSoftmaxDone);
   // Our own P V reads the V rows this consumer's threads just zeroed: all of them must be done.
   if (last_tile) ptx::named_barrier_sync(kBarConsumer + consumer, 128);
   // The piece's first tile: alpha is 0 (the reference came from -inf) and O is still zero, so the
@@ -255,10 +243,9 @@ __device__ __forceinline__ void owner_step(SharedStorage<Element>& s, const Tile
 template <typename Element>
 __device__ __forceinline__ void other_step(SharedStorage<Element>& s, const TileCursor& t,
                                            const RowCoords& rc, int consumer, const TileInfo& ti, RowState& rs,
-                                           const PFragment& pf, float (&o)[128], Tracer& tr) {
+                                           const PFragment& pf, float (&o)[128]) {
   const int thread = threadIdx.x % 128;
   ptx::named_barrier_sync(kBarPReady + t.owner, kConsumerThreads);
-  tr.mark(kTrPReady);
   float alpha[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -285,8 +272,6 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
   const BoxRingConsumer<kNumSlots> kv{&s.kv_bars, grouped_copies};
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   const bool elected = thread == 0;
-  Tracer tr;
-  tr.init(p, 1 + consumer, elected);
   TileCursor st;  // ring position and owner of the CTA's next tile
   int piece_count = 0;
   const int rows_valid = min(kBlockM, p.rows - m_block * kBlockM);
@@ -313,7 +298,6 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
     PFragment pf;
 
     ptx::mbarrier_wait(&s.q_full, piece_count & 1);
-    tr.mark(kTrPieceBegin);
 
     // Tiles of this piece, in order. The wgmma groups in flight when a step starts: for an owned
     // tile, our S of this tile; for the other's tile, our own P V of the previous tile. Our boxes of
@@ -325,8 +309,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
     bool has_pending = false;  // our in-flight P V still reads our boxes of tile `pending`
     TileCursor pending;
     if (st.owner == consumer) {
-      issue_scores(s, kv, st, sc, tr);
-      tr.mark(kTrSIssued);
+      issue_scores(s, kv, st, sc);
     }
 #pragma unroll 1
     for (int blk = w.begin_block; blk < w.end_block; ++blk) {
@@ -340,23 +323,16 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
         }
         wgmma_wait<0>();
         fence_operands(sc);
-        tr.mark(kTrSDone);
         owner_step<Element>(s, st, rc, consumer, ti, visible, visible_min, scale_log2, p.sm90_max_slack, sc, pf,
-                            rs, o, tr);
-        tr.mark(kTrPvOwnIssued);
+                            rs, o);
       } else {
         // Our own P V of the previous tile must be done before O is rescaled.
         wgmma_wait<0>();
         fence_operands(o);
         fence_operands(pf);  // P's registers stay live until their wgmma completed
-        tr.mark(kTrPvDone);
-        if (has_pending && elected) {
-          kv.release_tile(pending.slots);
-          tr.mark(kTrReleased);
-        }
+        if (has_pending && elected) kv.release_tile(pending.slots);
         has_pending = false;
-        other_step<Element>(s, st, rc, consumer, ti, rs, pf, o, tr);
-        tr.mark(kTrPvOtherIssued);
+        other_step<Element>(s, st, rc, consumer, ti, rs, pf, o);
         if (blk + 1 < w.end_block) {
           // Hand our boxes of this tile back as soon as our P V of it completed, before waiting on
           // the next tile's later boxes: left pending until after that S (before v8), the release
@@ -365,14 +341,11 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
           // starts with its first box, queued behind this P V as its own wgmma group, so the
           // tensor pipe goes from the P V straight into S instead of idling through the wait,
           // the release and the first issue; the other eight boxes follow the release.
-          issue_scores(s, kv, st.next(), sc, tr, 0, 1);
+          issue_scores(s, kv, st.next(), sc, 0, 1);
           wgmma_wait<1>();
           fence_operands(o);
-          tr.mark(kTrPvDone);
           if (elected) kv.release_tile(st.slots);
-          tr.mark(kTrReleased);
-          issue_scores(s, kv, st.next(), sc, tr, 1, kKvBoxesQK);
-          tr.mark(kTrSIssued);
+          issue_scores(s, kv, st.next(), sc, 1, kKvBoxesQK);
           st.advance();
           continue;
         }
@@ -423,16 +396,13 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
       }
       if (p.fused_merge) {  // split_merge.cuh: arrive now, merge our share after the last piece
         arrive_piece(merge_counter(p, r, m_block), merge_thread);
-        tr.mark_both(kTrArrived);
       }
     }
-    tr.mark(kTrPieceEnd);
     ++piece_count;
   }
   // After the last wgmma of the CTA: waiting and merging inside the piece loop would stall the next
   // piece, and ptxas serialises every wgmma of the kernel when global loads sit between them (C7520).
-  if (p.fused_merge) merge_split_pieces<Element>(p, part_info, split_offsets, m_block, rows_valid, merge_thread, tr);
-  tr.finish();
+  if (p.fused_merge) merge_split_pieces<Element>(p, part_info, split_offsets, m_block, rows_valid, merge_thread);
 }
 
 template <typename Element>
@@ -440,11 +410,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap q_map,
                   const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap kv_group_map) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  // Trace builds: when this CTA started and when the earlier kernel's memory became visible, in
-  // clocks and global-timer ns (launch skew and the PDL wait, which per-role clocks cannot show).
-  Tracer cta_tr;
-  cta_tr.init(p, kTraceRoleCta, threadIdx.x == 0);
-  cta_tr.mark_both(kTrCtaEntry);
   extern __shared__ uint8_t smem_raw[];
   auto& s = *reinterpret_cast<SharedStorage<Element>*>(ptx::align_dynamic_smem<1024>(smem_raw));
   // Grouped copies (kv_producer.cuh kBoxesPerGroup) where a tile is one cache row (pages of >= 64
@@ -463,8 +428,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Everything below reads memory written by earlier kernels (the schedule, q, the cache).
   ptx::grid_dependency_wait();
   ptx::grid_launch_dependents();
-  cta_tr.mark_both(kTrDepReady);
-  cta_tr.finish();
 
   const CtaWork work(p);
   // Warp-uniform by construction (a shuffle from lane 0), so branches on it are not divergent for

@@ -34,7 +34,6 @@
 #include "config.h"
 #include "launch.h"
 #include "softmax.cuh"
-#include "trace.cuh"
 
 namespace jax_mla::sm90 {
 
@@ -215,7 +214,7 @@ __device__ __forceinline__ int* merge_counter(const DecodeParams& p, int request
 template <typename Element>
 __device__ __forceinline__ void merge_split_pieces(const DecodeParams& p, const int32_t* part_info,
                                                    const int32_t* split_offsets, int m_block, int rows_valid,
-                                                   int thread, Tracer& tr) {
+                                                   int thread) {
   const int first = part_info[kPartBeginReq], last = part_info[kPartEndReq];
 #pragma unroll 1
   for (int k = 0; k < 2; ++k) {
@@ -225,9 +224,7 @@ __device__ __forceinline__ void merge_split_pieces(const DecodeParams& p, const 
     if (w.begin_block >= w.end_block || w.num_splits <= 1) continue;
     const int first_slot = split_offsets[r];
     wait_pieces(merge_counter(p, r, m_block), w.num_splits, thread);
-    tr.mark_both(kTrMergeWaitDone);
     merge_piece_rows<Element>(p, r, m_block, rows_valid, first_slot, w.num_splits, w.slot - first_slot, thread);
-    tr.mark(kTrMergeDone);
   }
 }
 
