@@ -17,7 +17,7 @@ timed runs without calling the handler, so a captured row shows handler runs = 2
 traced = calls.
 
 Usage: python benchmarks/bench_decode.py [--only NAME[,NAME...]] [--xla] [--kernel portable] [--num-parts 16,33,66]
-                                        [--merge combine,fused] [--split-plan line,pieces] [--rescale exact,lazy]
+                                        [--merge combine,fused] [--split-plan line,pieces]
                                         [--json out.json]
 
 --kernel times a forced CUDA kernel (mla_decode's kernel= argument: auto, sm90, sm100, portable);
@@ -26,9 +26,7 @@ config once per listed split-KV part count (decode_schedule's num_parts; "0" is 
 for tuning the default; rows are named jax_mla/pN. --merge times each SM90 split-merge mode
 (combine kernel or fused into the decode kernel, _ext.set_sm90_merge). --split-plan times each
 split-plan policy of the scheduler (how the batch is cut into parts: auto, line, pieces;
-cuda/common/scheduler.h, _ext.set_split_plan). --rescale times each SM90 softmax rescale (exact
-running max, or lazy: the reference may lag by 2^8; _ext.set_sm90_rescale). With more than one part
-count, mode or policy, the
+cuda/common/scheduler.h, _ext.set_split_plan). With more than one part count, mode or policy, the
 variants (all their combinations) are timed in turn inside one process (A B A B ...), so that the
 differences between processes (5-16% on the device machine) do not enter the comparison.
 """
@@ -177,9 +175,6 @@ def main() -> int:
     ap.add_argument("--split-plan", default="env",
                     help="comma-separated split-plan policies to time: env (JAX_MLA_SPLIT_PLAN decides), auto, "
                          "line, pieces (rows jax_mla/.../POLICY), interleaved like --merge")
-    ap.add_argument("--rescale", default="env",
-                    help="comma-separated SM90 softmax rescale modes to time: env (JAX_MLA_SM90_RESCALE decides), "
-                         "exact, lazy (rows jax_mla/.../MODE), interleaved like --merge")
     args = ap.parse_args()
     _setup_xla_flags(not args.no_graphs)
 
@@ -210,11 +205,7 @@ def main() -> int:
     plan_policies = args.split_plan.split(",")
     if any(m not in ("env", "auto", "line", "pieces") for m in plan_policies):
         ap.error("--split-plan takes env, auto, line and pieces")
-    rescale_modes = args.rescale.split(",")
-    if any(m not in ("env", "exact", "lazy") for m in rescale_modes):
-        ap.error("--rescale takes env, exact and lazy")
-    variants = [(n, m, pl, rs) for n in part_counts for m in merge_modes for pl in plan_policies
-                for rs in rescale_modes]
+    variants = [(n, m, pl) for n in part_counts for m in merge_modes for pl in plan_policies]
     rng = np.random.default_rng(1234)
     rows = []
 
@@ -278,12 +269,10 @@ def main() -> int:
         # set_sm90_merge nor set_split_plan.
         set_merge = jax_mla._ext.set_sm90_merge if merge_modes != ["env"] else (lambda mode: None)
         set_plan = jax_mla._ext.set_split_plan if plan_policies != ["env"] else (lambda mode: None)
-        set_rescale = jax_mla._ext.set_sm90_rescale if rescale_modes != ["env"] else (lambda mode: None)
 
         def set_variant(i: int) -> None:
             set_merge(variants[i][1])
             set_plan(variants[i][2])
-            set_rescale(variants[i][3])
 
         before = _decode_stats(jax_mla, backend)
         if len(variants) == 1:
@@ -297,16 +286,14 @@ def main() -> int:
                                            before_each=set_variant)
         set_merge("env")
         set_plan("env")
-        set_rescale("env")
         after = _decode_stats(jax_mla, backend)
-        for (num_parts, merge, plan_policy, rescale), us in zip(variants, times):
+        for (num_parts, merge, plan_policy), us in zip(variants, times):
             # Decode calls of this config that ran the handler (all variants together), and how many of
             # those were traced into a CUDA graph (replays of a recorded graph do not run the handler).
             tag = ((f"/p{num_parts}" if num_parts else "") + (f"/{merge}" if merge != "env" else "")
-                   + (f"/{plan_policy}" if plan_policy != "env" else "")
-                   + (f"/{rescale}" if rescale != "env" else "") + ("/l2res" if args.l2_resident else ""))
+                   + (f"/{plan_policy}" if plan_policy != "env" else "") + ("/l2res" if args.l2_resident else ""))
             row = dict(name=cfg.name, impl=impl + tag, kernel=args.kernel, num_parts=num_parts, merge=merge,
-                       split_plan=plan_policy, rescale=rescale, us=us, rel_err=err, calls=calls, sets=num_sets,
+                       split_plan=plan_policy, us=us, rel_err=err, calls=calls, sets=num_sets,
                        l2_resident=args.l2_resident, interleaved=len(variants) > 1)
             if before is not None:
                 row.update(handler_calls=after[0] - before[0], traced_calls=after[1] - before[1])

@@ -228,11 +228,10 @@ def test_generic_and_default_cpu_paths_agree(tmp_path):
 
 @pytest.mark.parametrize("setter, modes, listed", [
     ("set_sm90_merge", ["fused", "combine", "auto"], "env, combine, fused or auto"),
-    ("set_sm90_rescale", ["lazy", "exact"], "env, exact or lazy"),
 ])
 def test_set_switch_round_trip(setter, modes, listed):
-    """_ext.set_sm90_merge and set_sm90_rescale (benchmarks' and tests' in-process A/B of a CUDA
-    tuning switch) return the previous setting, refuse unknown names, and are back at "env"
+    """_ext.set_sm90_merge (benchmarks' and tests' in-process A/B of a CUDA tuning switch) returns
+    the previous setting, refuse unknown names, and are back at "env"
     afterwards."""
     set_mode = getattr(_ext, setter)
     previous = "env"

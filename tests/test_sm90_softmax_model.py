@@ -1,10 +1,8 @@
-"""A float64 model of the SM90 consumers' online softmax (cuda/sm90/decode_kernel.cuh owner_step),
-with the reference rule of JAX_MLA_SM90_RESCALE: exact (slack 0, the reference is the running max)
-and lazy (the reference moves only when a tile's max exceeds it by more than kLazyRescaleSlack = 8,
-log2 units). It checks the algebra the kernel relies on, not the kernel: whatever reference a row
-keeps, O / l and reference + log2(l) are the softmax and its LSE; P never exceeds 2^slack; the
-rescale of O is needed on most early tiles when exact and on almost none when lazy. The GPU side is
-tests/test_gpu.py::test_lazy_rescale_matches_reference."""
+"""A float64 model of the SM90 consumers' online softmax (cuda/sm90/decode_kernel.cuh owner_step)
+with its lazy reference rule (the reference moves only when a tile's max exceeds it by more than
+kLazyRescaleSlack = 8, log2 units). It checks the algebra the kernel relies on, not the kernel:
+O / l and reference + log2(l) are the softmax and its LSE; P never exceeds 2^slack; the rescale of
+O is needed on almost no tile. The GPU side is tests/test_gpu.py::test_lazy_rescale_matches_reference."""
 import numpy as np
 import pytest
 
@@ -55,25 +53,21 @@ def scores(kind, rows=16, n=4096, seed=0):
 
 
 @pytest.mark.parametrize("kind", ["random", "ramp"])
-@pytest.mark.parametrize("slack", [0.0, LAZY_SLACK])
-def test_any_reference_gives_the_softmax(kind, slack):
+def test_the_lazy_reference_gives_the_softmax(kind):
     s = scores(kind, n=1000)  # 1000: a partial last tile
     v = np.random.default_rng(1).standard_normal((s.shape[1], 32))
-    o, lse, _, p_max = online_softmax(s, v, slack)
+    o, lse, _, p_max = online_softmax(s, v, LAZY_SLACK)
     o_ref, lse_ref = softmax_reference(s, v)
     np.testing.assert_allclose(o, o_ref, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(lse, lse_ref, rtol=1e-12)
-    assert p_max <= 2.0 ** slack
+    assert p_max <= 2.0 ** LAZY_SLACK
 
 
 def test_lazy_skips_the_rescale():
     s = scores("random")
     v = np.ones((s.shape[1], 1))
-    *_, exact_tiles, _ = online_softmax(s, v, 0.0)
     *_, lazy_tiles, lazy_p_max = online_softmax(s, v, LAZY_SLACK)
-    # Exact: with 16 rows, some row's max still grows on a large share of the 63 later tiles.
-    assert exact_tiles >= 15, exact_tiles
-    # Lazy: scores of std 2 never outgrow the first tile's max by 8.
+    # Scores of std 2 never outgrow the first tile's max by 8.
     assert lazy_tiles == 0, lazy_tiles
     assert lazy_p_max > 1.0  # the reference did lag the max
 

@@ -38,13 +38,6 @@ struct DecodeParams {
   bool fused_merge = false;
   int* merge_counters = nullptr;
 
-  // SM90: how far (log2 units) a row's score max may run ahead of the
-  // reference the softmax subtracts before the reference moves and O is rescaled. 0: the reference
-  // is the exact running max (O rescaled whenever a row's max grows). kLazyRescaleSlack: the
-  // reference moves only when the max grows by more than that, so P stays <= 2^slack and most
-  // tiles skip the rescale. The CUDA handler sets it from JAX_MLA_SM90_RESCALE (exact | lazy).
-  float sm90_max_slack = 0.f;
-
   // How the device scheduler plans the parts when the call computes its own schedule (scheduler.h;
   // a precomputed schedule carries its plan). The CUDA handler sets it from JAX_MLA_SPLIT_PLAN
   // (ffi/split_plan_policy.h).

@@ -62,9 +62,6 @@ std::atomic<long long> g_sm90_fused_merge_launches{0};
 // JAX_MLA_SM90_MERGE's values, in env_choice order.
 constexpr int kSm90MergeCombine = 0, kSm90MergeFused = 1, kSm90MergeAuto = 2;
 std::atomic<int> g_sm90_merge_override{-1};  // set_sm90_merge_override: -1 = JAX_MLA_SM90_MERGE, else a mode
-// JAX_MLA_SM90_RESCALE's values, in env_choice order.
-constexpr int kSm90RescaleExact = 0, kSm90RescaleLazy = 1;
-std::atomic<int> g_sm90_rescale_override{-1};  // set_sm90_rescale_override: -1 = JAX_MLA_SM90_RESCALE
 
 // Index of the value of environment variable `var` in `names`, or `fallback` when it is unset or
 // empty. An unknown value also gives `fallback`, with a warning on stderr: these variables are
@@ -106,12 +103,6 @@ struct ProcessEnv {
   // MPS client limited to fewer SMs, another kernel holding SMs for seconds): the merge's wait
   // traps after 10 s instead of hanging.
   int sm90_merge_mode = kSm90MergeAuto;
-  // JAX_MLA_SM90_RESCALE: lazy (default) | exact. lazy lets a row's softmax reference lag its
-  // score max by up to kLazyRescaleSlack (DecodeParams::sm90_max_slack), so most tiles skip the
-  // rescale of O (cuda/sm90/decode_kernel.cuh owner_step). Same results up to rounding; measured
-  // 1.7-4.7% faster at h_q = 128, b = 128 and level elsewhere (nineteenth session, H100, one
-  // process, docs/performance.md).
-  int sm90_rescale_mode = kSm90RescaleLazy;
 };
 
 const ProcessEnv& process_env() {
@@ -122,9 +113,8 @@ const ProcessEnv& process_env() {
     e.kernel = k ? k : "";
     e.self_check = c ? c : "";
     e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
-    // Tuning switches (not semantics): JAX_MLA_SM90_MERGE, JAX_MLA_SM90_RESCALE.
+    // Tuning switch (not semantics): JAX_MLA_SM90_MERGE.
     e.sm90_merge_mode = env_choice("JAX_MLA_SM90_MERGE", {"combine", "fused", "auto"}, e.sm90_merge_mode);
-    e.sm90_rescale_mode = env_choice("JAX_MLA_SM90_RESCALE", {"exact", "lazy"}, e.sm90_rescale_mode);
     return e;
   }();
   return env;
@@ -265,9 +255,6 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   // The launcher keeps it only where it fits.
   const int merge_mode = merge_override >= 0 ? merge_override : process_env().sm90_merge_mode;
   p.fused_merge = merge_mode != kSm90MergeCombine;  // fused, or auto (the measured choice: fused)
-  const int rescale_override = g_sm90_rescale_override.load(std::memory_order_relaxed);
-  const int rescale_mode = rescale_override >= 0 ? rescale_override : process_env().sm90_rescale_mode;
-  p.sm90_max_slack = rescale_mode == kSm90RescaleLazy ? kLazyRescaleSlack : 0.f;
   p.split_plan = split_plan_policy();
   const LaunchStatus st =
       launch_decode_kernel(sel.kernel, p, reinterpret_cast<int32_t*>(ws + layout.schedule_offset), stream);
@@ -306,10 +293,6 @@ ffi::Error ScheduleExecuteImpl(cudaStream_t stream, ffi::AnyBuffer seq_lens, ffi
 
 int set_sm90_merge_override(int mode) {
   return g_sm90_merge_override.exchange(mode < 0 || mode > kSm90MergeAuto ? -1 : mode);
-}
-
-int set_sm90_rescale_override(int mode) {
-  return g_sm90_rescale_override.exchange(mode < 0 || mode > kSm90RescaleLazy ? -1 : mode);
 }
 
 CudaCallStats cuda_call_stats() {

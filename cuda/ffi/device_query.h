@@ -24,10 +24,4 @@ CudaCallStats cuda_call_stats();
 // override. A CUDA graph keeps the mode it was captured with.
 int set_sm90_merge_override(int mode);
 
-// The SM90 softmax rescale of later decode calls in this process, overriding JAX_MLA_SM90_RESCALE:
-// -1 back to the variable, 0 exact (the reference is the running max), 1 lazy (it may lag by
-// kLazyRescaleSlack; DecodeParams::sm90_max_slack). For benchmarks and tests that compare both in
-// one process (benchmarks/bench_decode.py --rescale). Returns the previous override.
-int set_sm90_rescale_override(int mode);
-
 }  // namespace jax_mla

@@ -76,14 +76,9 @@ int cuda_sm_count() {
 
 #ifdef JAX_MLA_WITH_CUDA
 using jax_mla::set_sm90_merge_override;
-using jax_mla::set_sm90_rescale_override;
 #else
-// Without CUDA there is no kernel to steer: the overrides only remember the setting.
+// Without CUDA there is no kernel to steer: the override only remembers the setting.
 int set_sm90_merge_override(int mode) {
-  static int current = -1;
-  return std::exchange(current, mode);
-}
-int set_sm90_rescale_override(int mode) {
   static int current = -1;
   return std::exchange(current, mode);
 }
@@ -111,13 +106,6 @@ std::string set_switch(const char* const (&names)[N], const std::string& mode, c
 std::string set_sm90_merge(const std::string& mode) {
   static const char* const names[] = {"env", "combine", "fused", "auto"};
   return set_switch(names, mode, "set_sm90_merge", &set_sm90_merge_override);
-}
-
-// "env" (JAX_MLA_SM90_RESCALE decides), "exact" or "lazy": the SM90 softmax rescale of later decode
-// calls in this process; returns the previous setting. No effect without CUDA.
-std::string set_sm90_rescale(const std::string& mode) {
-  static const char* const names[] = {"env", "exact", "lazy"};
-  return set_switch(names, mode, "set_sm90_rescale", &set_sm90_rescale_override);
 }
 
 // The SplitPlanPolicy named `name` ("env": -1, where `what` accepts it); ValueError otherwise.
@@ -270,10 +258,6 @@ NB_MODULE(_ext, m) {
   m.def("set_sm90_merge", &set_sm90_merge, nb::arg("mode"),
         "The SM90 split merge of later decode calls in this process: 'env' (JAX_MLA_SM90_MERGE decides), "
         "'combine', 'fused' or 'auto'; returns the previous setting. For benchmarks comparing both in one process; "
-        "a captured CUDA graph keeps the mode it was captured with.");
-  m.def("set_sm90_rescale", &set_sm90_rescale, nb::arg("mode"),
-        "The SM90 softmax rescale of later decode calls in this process: 'env' (JAX_MLA_SM90_RESCALE decides), "
-        "'exact' or 'lazy'; returns the previous setting. For benchmarks and tests comparing both in one process; "
         "a captured CUDA graph keeps the mode it was captured with.");
   m.def("cuda_call_stats", &cuda_call_stats,
         "{'decode_calls', 'decode_captured'}: runs of the CUDA decode handler in this process, and how many "

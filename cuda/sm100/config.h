@@ -75,8 +75,8 @@ enum NamedBarrier : int {
 
 // Lazy rescaling: the running max a row's exponentials are taken against only moves when a tile's
 // max exceeds it by more than this (log2 units), so P <= 2^8 and O is rescaled in TMEM rarely.
-// Exact: the final normalisation divides by the row sum taken against the same reference. Always
-// on here; the SM90 kernel has the same slack behind JAX_MLA_SM90_RESCALE=lazy (common/config.h).
+// Exact: the final normalisation divides by the row sum taken against the same reference. The SM90
+// kernel uses the same slack (common/config.h).
 inline constexpr float kRescaleThreshold = kLazyRescaleSlack;
 
 // ---- TMEM column plan ---------------------------------------------------------------------------

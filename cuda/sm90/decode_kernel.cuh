@@ -170,8 +170,8 @@ __device__ __forceinline__ void rescale_o(float (&o)[128], const float (&alpha)[
 }
 
 // Per-row state of one consumer over one piece: the reference max m (log2 units, the same in both
-// consumers after every tile; the running max itself unless DecodeParams::sm90_max_slack lets it
-// lag, see owner_step) and this consumer's partial row sums l (its own tiles' P), which are
+// consumers after every tile; it may lag the running max by up to kLazyRescaleSlack, see
+// owner_step) and this consumer's partial row sums l (its own tiles' P), which are
 // rescaled with O. l of both consumers add up to the softmax denominator in the epilogue, whose LSE
 // is m + log2(l) for whichever reference m the sums were taken against.
 struct RowState {
@@ -198,8 +198,7 @@ template <typename Element>
 __device__ __forceinline__ void owner_step(SharedStorage<Element>& s, const TileCursor& t,
                                            const RowCoords& rc, int consumer, const TileInfo& ti,
                                            const int (&visible)[2], int visible_min, float scale_log2,
-                                           float max_slack, ScoreFragment& sc, PFragment& pf, RowState& rs,
-                                           float (&o)[128]) {
+                                           ScoreFragment& sc, PFragment& pf, RowState& rs, float (&o)[128]) {
   const int thread = threadIdx.x % 128;
   if (ti.first_token + kBlockN > visible_min) mask_scores(sc, rc, ti.first_token, visible);
   float tile_max[2];
@@ -207,10 +206,10 @@ __device__ __forceinline__ void owner_step(SharedStorage<Element>& s, const Tile
   float alpha[2], m_ref[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    // rs.m is the reference (the running max when max_slack is 0): it moves to the tile's max only
-    // when that exceeds it by more than the slack, so with a slack most tiles keep alpha == 1
-    // exactly and rescale_o skips O. -inf + slack is -inf: a row's first key always sets it.
-    const float m_new = tile_max[i] > rs.m[i] + max_slack ? tile_max[i] : rs.m[i];
+    // rs.m is the reference (lazy rescaling, config.h kLazyRescaleSlack): it moves to the tile's max
+    // only when that exceeds it by more than the slack, so most tiles keep alpha == 1 exactly and
+    // rescale_o skips O. -inf + slack is -inf: a row's first key always sets it.
+    const float m_new = tile_max[i] > rs.m[i] + kLazyRescaleSlack ? tile_max[i] : rs.m[i];
     alpha[i] = rescale_factor(rs.m[i], m_new);
     m_ref[i] = finite_or_zero(m_new);
     rs.m[i] = m_new;
@@ -323,8 +322,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
         }
         wgmma_wait<0>();
         fence_operands(sc);
-        owner_step<Element>(s, st, rc, consumer, ti, visible, visible_min, scale_log2, p.sm90_max_slack, sc, pf,
-                            rs, o);
+        owner_step<Element>(s, st, rc, consumer, ti, visible, visible_min, scale_log2, sc, pf, rs, o);
       } else {
         // Our own P V of the previous tile must be done before O is rescaled.
         wgmma_wait<0>();
