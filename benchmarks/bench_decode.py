@@ -17,14 +17,13 @@ timed runs without calling the handler, so a captured row shows handler runs = 2
 traced = calls.
 
 Usage: python benchmarks/bench_decode.py [--only NAME[,NAME...]] [--xla] [--kernel portable] [--num-parts 16,33,66]
-                                        [--merge combine,fused] [--split-plan line,pieces]
+                                        [--split-plan line,pieces]
                                         [--json out.json]
 
 --kernel times a forced CUDA kernel (mla_decode's kernel= argument: auto, sm90, sm100, portable);
 the table and the JSON record it, with jax_mla.kernel_info() of the device. --num-parts times each
 config once per listed split-KV part count (decode_schedule's num_parts; "0" is the default policy),
-for tuning the default; rows are named jax_mla/pN. --merge times each SM90 split-merge mode
-(combine kernel or fused into the decode kernel, _ext.set_sm90_merge). --split-plan times each
+for tuning the default; rows are named jax_mla/pN. --split-plan times each
 split-plan policy of the scheduler (how the batch is cut into parts: auto, line, pieces;
 cuda/common/scheduler.h, _ext.set_split_plan). With more than one part count, mode or policy, the
 variants (all their combinations) are timed in turn inside one process (A B A B ...), so that the
@@ -168,13 +167,10 @@ def main() -> int:
                     help="CUDA kernel to time (mla_decode's kernel= argument)")
     ap.add_argument("--num-parts", default="0",
                     help="comma-separated split-KV part counts to time (0 = the default policy)")
-    ap.add_argument("--merge", default="env",
-                    help="comma-separated SM90 split-merge modes to time: env (JAX_MLA_SM90_MERGE decides), "
-                         "combine, fused. Several part counts or modes are timed interleaved in one process "
-                         "(rows jax_mla/pN/MODE)")
     ap.add_argument("--split-plan", default="env",
                     help="comma-separated split-plan policies to time: env (JAX_MLA_SPLIT_PLAN decides), auto, "
-                         "line, pieces (rows jax_mla/.../POLICY), interleaved like --merge")
+                         "line, pieces (rows jax_mla/.../POLICY). Several part counts or policies are timed "
+                         "interleaved in one process")
     args = ap.parse_args()
     _setup_xla_flags(not args.no_graphs)
 
@@ -199,13 +195,10 @@ def main() -> int:
     part_counts = [int(x) for x in args.num_parts.split(",")]
     if any(n < 0 for n in part_counts):
         ap.error("--num-parts takes counts >= 0 (0 = the default policy)")
-    merge_modes = args.merge.split(",")
-    if any(m not in ("env", "combine", "fused", "auto") for m in merge_modes):
-        ap.error("--merge takes env, combine, fused and auto")
     plan_policies = args.split_plan.split(",")
     if any(m not in ("env", "auto", "line", "pieces") for m in plan_policies):
         ap.error("--split-plan takes env, auto, line and pieces")
-    variants = [(n, m, pl) for n in part_counts for m in merge_modes for pl in plan_policies]
+    variants = [(n, pl) for n in part_counts for pl in plan_policies]
     rng = np.random.default_rng(1234)
     rows = []
 
@@ -265,14 +258,11 @@ def main() -> int:
                                                 out_dtype=jnp.float32)
         err = float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
         impl = "jax_mla" if args.kernel == "auto" else f"jax_mla[{args.kernel}]"
-        # Only when asked: an older install (an A/B against a wheel on PYTHONPATH) has neither
-        # set_sm90_merge nor set_split_plan.
-        set_merge = jax_mla._ext.set_sm90_merge if merge_modes != ["env"] else (lambda mode: None)
+        # Only when asked: an older install (an A/B against a wheel on PYTHONPATH) may lack set_split_plan.
         set_plan = jax_mla._ext.set_split_plan if plan_policies != ["env"] else (lambda mode: None)
 
         def set_variant(i: int) -> None:
-            set_merge(variants[i][1])
-            set_plan(variants[i][2])
+            set_plan(variants[i][1])
 
         before = _decode_stats(jax_mla, backend)
         if len(variants) == 1:
@@ -284,16 +274,14 @@ def main() -> int:
             steps = [make_step(op, v[0]) for v in variants]
             times = time_steps_interleaved(steps, (q, cache, tables, seq_lens), args.repeats, calls,
                                            before_each=set_variant)
-        set_merge("env")
         set_plan("env")
         after = _decode_stats(jax_mla, backend)
-        for (num_parts, merge, plan_policy), us in zip(variants, times):
+        for (num_parts, plan_policy), us in zip(variants, times):
             # Decode calls of this config that ran the handler (all variants together), and how many of
             # those were traced into a CUDA graph (replays of a recorded graph do not run the handler).
-            tag = ((f"/p{num_parts}" if num_parts else "") + (f"/{merge}" if merge != "env" else "")
-                   + (f"/{plan_policy}" if plan_policy != "env" else "") + ("/l2res" if args.l2_resident else ""))
-            row = dict(name=cfg.name, impl=impl + tag, kernel=args.kernel, num_parts=num_parts, merge=merge,
-                       split_plan=plan_policy, us=us, rel_err=err, calls=calls, sets=num_sets,
+            tag = ((f"/p{num_parts}" if num_parts else "") + (f"/{plan_policy}" if plan_policy != "env" else "")
+                   + ("/l2res" if args.l2_resident else ""))
+            row = dict(name=cfg.name, impl=impl + tag, kernel=args.kernel, num_parts=num_parts, split_plan=plan_policy, us=us, rel_err=err, calls=calls, sets=num_sets,
                        l2_resident=args.l2_resident, interleaved=len(variants) > 1)
             if before is not None:
                 row.update(handler_calls=after[0] - before[0], traced_calls=after[1] - before[1])

@@ -224,21 +224,3 @@ def test_generic_and_default_cpu_paths_agree(tmp_path):
     (out_a, lse_a), (out_b, lse_b) = results
     np.testing.assert_allclose(out_a, out_b, atol=2e-3)
     np.testing.assert_allclose(lse_a, lse_b, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("setter, modes, listed", [
-    ("set_sm90_merge", ["fused", "combine", "auto"], "env, combine, fused or auto"),
-])
-def test_set_switch_round_trip(setter, modes, listed):
-    """_ext.set_sm90_merge (benchmarks' and tests' in-process A/B of a CUDA tuning switch) returns
-    the previous setting, refuse unknown names, and are back at "env"
-    afterwards."""
-    set_mode = getattr(_ext, setter)
-    previous = "env"
-    for mode in modes:
-        assert set_mode(mode) == previous
-        previous = mode
-    with pytest.raises(ValueError, match=listed):
-        set_mode("fast")
-    assert set_mode("env") == previous
-    assert set_mode("env") == "env"

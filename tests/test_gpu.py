@@ -396,14 +396,11 @@ def test_negative_length_gives_nan_for_that_request_only():
 
 
 @pytest.mark.parametrize("h_q,b", [(64, 3), (128, 3), (64, 200)])
-def test_requested_sm90_merge_ran(h_q, b):
-    """The SM90 split merge that was asked for ran, on a call with split requests (one row block at
-    h_q 64, two at 128). JAX_MLA_SM90_MERGE=fused: the decode kernel merged them itself
-    (cuda/sm90/split_merge.cuh); combine (tests/test_gpu_merge.py runs this file so): the combine
-    kernel did; auto (the default): fused wherever it fits, also at one row block of more requests
-    than parts (b = 200 against 132 parts on an H100 or H200), which auto kept on combine until the
-    eighteenth session. A misspelt or unread variable, or a launcher that never finds the grid
-    fitting, fails here instead of passing on the other path."""
+def test_sm90_fused_merge_ran(h_q, b):
+    """On a call with split requests (one row block at h_q 64, two at 128) whose grid fits on the GPU
+    at once, the SM90 decode kernel merged them itself (cuda/sm90/split_merge.cuh), also at one row
+    block of more requests than parts (b = 200 against 132 parts on an H100 or H200). A launcher
+    that never finds the grid fitting fails here instead of passing on the combine kernel."""
     info = jax_mla.kernel_info()
     if tuple(info.get("compute_capability") or ()) != (9, 0):
         pytest.skip("the fused merge is an SM90 kernel path")
@@ -414,9 +411,7 @@ def test_requested_sm90_merge_ran(h_q, b):
     before = _ext.cuda_call_stats().get("sm90_fused_merge_launches", 0)
     check(data, *run_gpu(data, kernel="sm90"))
     fused = _ext.cuda_call_stats().get("sm90_fused_merge_launches", 0) - before
-    mode = os.environ.get("JAX_MLA_SM90_MERGE") or "auto"
-    expected = {"combine": 0, "fused": 1, "auto": 1}[mode]
-    assert fused == expected, (mode, h_q, b)
+    assert fused == 1, (h_q, b)
 
 
 def with_score_ramp(data, log2_per_tile):

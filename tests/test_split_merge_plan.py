@@ -1,4 +1,4 @@
-"""What the SM90 in-kernel split merge (cuda/sm90/split_merge.cuh, JAX_MLA_SM90_MERGE=fused) assumes
+"""What the SM90 in-kernel split merge (cuda/sm90/split_merge.cuh) assumes
 of the split-KV schedule, checked on the host plan (bit-identical to the device scheduler's) for
 random and adversarial batches, without a GPU:
   - only a part's first and last request can be split, so a CTA owes at most the merges of those

@@ -31,10 +31,10 @@ struct DecodeParams {
   int sm_count = 0;
 
   // SM90: merge the split-KV partials inside the decode kernel instead of the combine kernel
-  // (cuda/sm90/split_merge.cuh). Set by the launcher (decode_launch.cu) only when the whole grid
-  // fits on the GPU at once (the pieces of a request wait for each other) and JAX_MLA_SM90_MERGE
-  // does not turn it off; merge_counters (b, row blocks) int32 are then zeroed before the kernel, by
-  // the scheduler kernel or, for a precomputed schedule, a memset.
+  // (cuda/sm90/split_merge.cuh). Set by the launcher (decode_launch.cu) when the whole grid fits on
+  // the GPU at once (the pieces of a request wait for each other) and merge_counters is given;
+  // merge_counters (b, row blocks) int32 are then zeroed before the kernel, by the scheduler kernel
+  // or, for a precomputed schedule, a memset.
   bool fused_merge = false;
   int* merge_counters = nullptr;
 

@@ -18,8 +18,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <initializer_list>
 #include <mutex>
 #include <string>
 
@@ -59,27 +57,6 @@ std::mutex g_devices_mutex;
 std::atomic<long long> g_decode_calls{0};
 std::atomic<long long> g_decode_captured{0};
 std::atomic<long long> g_sm90_fused_merge_launches{0};
-// JAX_MLA_SM90_MERGE's values, in env_choice order.
-constexpr int kSm90MergeCombine = 0, kSm90MergeFused = 1, kSm90MergeAuto = 2;
-std::atomic<int> g_sm90_merge_override{-1};  // set_sm90_merge_override: -1 = JAX_MLA_SM90_MERGE, else a mode
-
-// Index of the value of environment variable `var` in `names`, or `fallback` when it is unset or
-// empty. An unknown value also gives `fallback`, with a warning on stderr: these variables are
-// tuning switches, and a typo must not pass for a measured variant.
-int env_choice(const char* var, std::initializer_list<const char*> names, int fallback) {
-  const char* v = std::getenv(var);
-  if (v == nullptr || *v == 0) return fallback;
-  std::string allowed;
-  int index = 0;
-  for (const char* name : names) {
-    if (std::strcmp(v, name) == 0) return index;
-    allowed += (index++ ? ", " : "") + std::string(name);
-  }
-  std::fprintf(stderr, "jax_mla: WARNING: ignoring %s=\"%s\" (allowed: %s); using the default\n", var, v,
-               allowed.c_str());
-  std::fflush(stderr);
-  return fallback;
-}
 
 // The environment as this process read it, once.
 struct ProcessEnv {
@@ -87,22 +64,6 @@ struct ProcessEnv {
   std::string self_check;  // JAX_MLA_SELFCHECK
   SelfCheckMode mode = SelfCheckMode::kDefault;
   bool mode_valid = true;
-  // Launch-time experiments, measured in docs/performance.md (defaults: what measured fastest).
-  // JAX_MLA_SM90_MERGE: auto (default) | fused | combine. fused: split requests are merged by the
-  // decode kernel itself wherever its grid fits on the GPU at once (cuda/sm90/split_merge.cuh);
-  // combine: always by the combine kernel; auto: the measured choice, today fused wherever it
-  // fits, as `fused`. On an H100 (docs/performance.md, each pair in one process): sixteenth
-  // session, line plans: fused 1-5% faster on b16/1K, b128/4K and varied, level on b1/32K (all two
-  // row blocks), 2-4% slower on b32/h64/4K (one row block, requests cut into 4 or 5 uneven pieces;
-  // the pieces plan now takes that batch) in all four pairs; seventeenth session, pieces plans:
-  // fused 3-5% faster on b32/h64/4K and 2% on b64/h16/8K (both one row block); eighteenth session,
-  // one row block of more requests than parts (line plans, b200/h64 and b256/h16 with varied
-  // lengths): fused 0.7-1.1% faster in all four pairs, and level on b32/h64 varied (line, 32
-  // requests). Until the eighteenth, auto kept such calls on combine. combine is also the escape
-  // hatch where the grid's CTAs may not all be resident at once although the SM count says so (an
-  // MPS client limited to fewer SMs, another kernel holding SMs for seconds): the merge's wait
-  // traps after 10 s instead of hanging.
-  int sm90_merge_mode = kSm90MergeAuto;
 };
 
 const ProcessEnv& process_env() {
@@ -113,8 +74,6 @@ const ProcessEnv& process_env() {
     e.kernel = k ? k : "";
     e.self_check = c ? c : "";
     e.mode_valid = self_check_mode_from_env(e.self_check.c_str(), &e.mode);
-    // Tuning switch (not semantics): JAX_MLA_SM90_MERGE.
-    e.sm90_merge_mode = env_choice("JAX_MLA_SM90_MERGE", {"combine", "fused", "auto"}, e.sm90_merge_mode);
     return e;
   }();
   return env;
@@ -251,10 +210,6 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   p.partial_lse = reinterpret_cast<float*>(ws + layout.partial_lse_offset);
   p.partial_out = reinterpret_cast<float*>(ws + layout.partial_out_offset);
   p.merge_counters = reinterpret_cast<int*>(ws + layout.merge_counters_offset);
-  const int merge_override = g_sm90_merge_override.load(std::memory_order_relaxed);
-  // The launcher keeps it only where it fits.
-  const int merge_mode = merge_override >= 0 ? merge_override : process_env().sm90_merge_mode;
-  p.fused_merge = merge_mode != kSm90MergeCombine;  // fused, or auto (the measured choice: fused)
   p.split_plan = split_plan_policy();
   const LaunchStatus st =
       launch_decode_kernel(sel.kernel, p, reinterpret_cast<int32_t*>(ws + layout.schedule_offset), stream);
@@ -290,10 +245,6 @@ ffi::Error ScheduleExecuteImpl(cudaStream_t stream, ffi::AnyBuffer seq_lens, ffi
 }
 
 }  // namespace
-
-int set_sm90_merge_override(int mode) {
-  return g_sm90_merge_override.exchange(mode < 0 || mode > kSm90MergeAuto ? -1 : mode);
-}
 
 CudaCallStats cuda_call_stats() {
   CudaCallStats st{g_decode_calls.load(std::memory_order_relaxed), g_decode_captured.load(std::memory_order_relaxed),

@@ -84,10 +84,10 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedu
       return st;
     }
   }
-  // The SM90 kernel merges split requests itself when asked and its grid fits at once
-  // (sm90/split_merge.cuh): its arrival counters start at zero, and no combine kernel follows.
+  // The SM90 kernel merges split requests itself where its grid fits at once and the caller gave
+  // the arrival counters (sm90/split_merge.cuh): they start at zero, and no combine kernel follows.
 #ifdef JAX_MLA_HAVE_SM90
-  p.fused_merge = p.fused_merge && kernel == Kernel::kSm90 && p.merge_counters != nullptr && sm90::fused_merge_fits(p);
+  p.fused_merge = kernel == Kernel::kSm90 && p.merge_counters != nullptr && sm90::fused_merge_fits(p);
 #else
   p.fused_merge = false;
 #endif

@@ -13,15 +13,8 @@ int cuda_sm_count();
 struct CudaCallStats {
   long long decode_calls;
   long long decode_captured;
-  long long sm90_fused_merge_launches; // decode calls whose kernel merged the splits (JAX_MLA_SM90_MERGE auto / fused)
+  long long sm90_fused_merge_launches;  // decode calls whose SM90 kernel merged the splits itself
 };
 CudaCallStats cuda_call_stats();
-
-// The SM90 split-merge mode of later decode calls in this process, overriding JAX_MLA_SM90_MERGE:
-// -1 back to the variable, 0 combine kernel, 1 fused (cuda/sm90/split_merge.cuh), 2 auto (the
-// default: the measured choice, today the same as fused). For benchmarks
-// that compare both in one process (benchmarks/bench_decode.py --merge). Returns the previous
-// override. A CUDA graph keeps the mode it was captured with.
-int set_sm90_merge_override(int mode);
 
 }  // namespace jax_mla

@@ -5,7 +5,6 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include <nanobind/nanobind.h>
@@ -72,40 +71,6 @@ int cuda_sm_count() {
 #else
   return 0;
 #endif
-}
-
-#ifdef JAX_MLA_WITH_CUDA
-using jax_mla::set_sm90_merge_override;
-#else
-// Without CUDA there is no kernel to steer: the override only remembers the setting.
-int set_sm90_merge_override(int mode) {
-  static int current = -1;
-  return std::exchange(current, mode);
-}
-#endif
-
-// A process-wide override of a CUDA tuning switch: names[0] is "env" (the environment variable
-// decides; override -1), names[i] is override i - 1. Sets it through `set` (which returns the
-// previous override) and returns the previous name.
-template <int N>
-std::string set_switch(const char* const (&names)[N], const std::string& mode, const char* what, int (*set)(int)) {
-  int m = -2;
-  for (int i = 0; i < N; ++i) {
-    if (mode == names[i]) m = i - 1;
-  }
-  if (m == -2) {
-    std::string list;
-    for (int i = 0; i < N; ++i) list += std::string(i ? (i + 1 == N ? " or " : ", ") : "") + names[i];
-    throw nb::value_error((std::string(what) + ": mode must be " + list + ", not '" + mode + "'").c_str());
-  }
-  return names[set(m) + 1];
-}
-
-// "env" (JAX_MLA_SM90_MERGE decides), "combine", "fused" or "auto": the SM90 split merge of later
-// decode calls in this process; returns the previous setting. No effect without CUDA.
-std::string set_sm90_merge(const std::string& mode) {
-  static const char* const names[] = {"env", "combine", "fused", "auto"};
-  return set_switch(names, mode, "set_sm90_merge", &set_sm90_merge_override);
 }
 
 // The SplitPlanPolicy named `name` ("env": -1, where `what` accepts it); ValueError otherwise.
@@ -255,10 +220,6 @@ NB_MODULE(_ext, m) {
         "{platform: {target: capsule or {stage: capsule}}} for jax.ffi.register_ffi_target.");
   m.def("has_cuda", &has_cuda, "True when the module was built with the CUDA kernels.");
   m.def("cuda_sm_count", &cuda_sm_count, "SM count of CUDA device 0; 0 without a device, a driver or CUDA support.");
-  m.def("set_sm90_merge", &set_sm90_merge, nb::arg("mode"),
-        "The SM90 split merge of later decode calls in this process: 'env' (JAX_MLA_SM90_MERGE decides), "
-        "'combine', 'fused' or 'auto'; returns the previous setting. For benchmarks comparing both in one process; "
-        "a captured CUDA graph keeps the mode it was captured with.");
   m.def("cuda_call_stats", &cuda_call_stats,
         "{'decode_calls', 'decode_captured'}: runs of the CUDA decode handler in this process, and how many "
         "of them traced into a CUDA graph (XLA command buffers); graph replays do not run the handler.");

@@ -1,5 +1,5 @@
-// In-kernel merge of split-KV partials (SM90 decode kernel, p.fused_merge; JAX_MLA_SM90_MERGE=auto,
-// the default, and =fused use it wherever it fits; cuda_handler.cu).
+// In-kernel merge of split-KV partials (SM90 decode kernel, p.fused_merge: used wherever it fits,
+// decode_launch.cu; the combine kernel merges the other calls).
 //
 // Without it, every piece of a split request stores its fp32 partial (O normalised by its own sum,
 // and its LSE) and a second kernel (cuda/common/combine.cu) merges them once the whole decode grid
