@@ -17,17 +17,14 @@ timed runs without calling the handler, so a captured row shows handler runs = 2
 traced = calls.
 
 Usage: python benchmarks/bench_decode.py [--only NAME[,NAME...]] [--xla] [--kernel portable] [--num-parts 16,33,66]
-                                        [--split-plan line,pieces]
                                         [--json out.json]
 
 --kernel times a forced CUDA kernel (mla_decode's kernel= argument: auto, sm90, sm100, portable);
 the table and the JSON record it, with jax_mla.kernel_info() of the device. --num-parts times each
 config once per listed split-KV part count (decode_schedule's num_parts; "0" is the default policy),
-for tuning the default; rows are named jax_mla/pN. --split-plan times each
-split-plan policy of the scheduler (how the batch is cut into parts: auto, line, pieces;
-cuda/common/scheduler.h, _ext.set_split_plan). With more than one part count, mode or policy, the
-variants (all their combinations) are timed in turn inside one process (A B A B ...), so that the
-differences between processes (5-16% on the device machine) do not enter the comparison.
+for tuning the default; rows are named jax_mla/pN. With more than one part count, the variants are
+timed in turn inside one process (A B A B ...), so that the differences between processes (5-16% on
+the device machine) do not enter the comparison.
 """
 
 from __future__ import annotations
@@ -100,22 +97,18 @@ def time_step(fn, args, repeats: int, calls: int) -> float:
     return time_steps_interleaved([fn], args, repeats, calls)[0]
 
 
-def time_steps_interleaved(fns, args, repeats: int, calls: int, before_each=None) -> list[float]:
+def time_steps_interleaved(fns, args, repeats: int, calls: int) -> list[float]:
     """Median microseconds per call of each of several steps, timed in turn (A B C A B C ...) in
     one process on the same buffers, so that what differs between processes (where the buffers
     landed in memory: 5-16% on the device machine, docs/performance.md) is the same for every
-    variant. before_each(i) runs before each run of step i (untimed)."""
+    variant."""
     import jax
-    for i, fn in enumerate(fns):
-        if before_each:
-            before_each(i)
+    for fn in fns:
         jax.block_until_ready(fn(*args))  # compile + warm-up (XLA records the CUDA graph on run 2)
         jax.block_until_ready(fn(*args))
     times = [[] for _ in fns]
     for _ in range(repeats):
         for i, fn in enumerate(fns):
-            if before_each:
-                before_each(i)
             t0 = time.perf_counter()
             jax.block_until_ready(fn(*args))
             times[i].append((time.perf_counter() - t0) / calls * 1e6)
@@ -167,10 +160,6 @@ def main() -> int:
                     help="CUDA kernel to time (mla_decode's kernel= argument)")
     ap.add_argument("--num-parts", default="0",
                     help="comma-separated split-KV part counts to time (0 = the default policy)")
-    ap.add_argument("--split-plan", default="env",
-                    help="comma-separated split-plan policies to time: env (JAX_MLA_SPLIT_PLAN decides), auto, "
-                         "line, pieces (rows jax_mla/.../POLICY). Several part counts or policies are timed "
-                         "interleaved in one process")
     args = ap.parse_args()
     _setup_xla_flags(not args.no_graphs)
 
@@ -195,10 +184,7 @@ def main() -> int:
     part_counts = [int(x) for x in args.num_parts.split(",")]
     if any(n < 0 for n in part_counts):
         ap.error("--num-parts takes counts >= 0 (0 = the default policy)")
-    plan_policies = args.split_plan.split(",")
-    if any(m not in ("env", "auto", "line", "pieces") for m in plan_policies):
-        ap.error("--split-plan takes env, auto, line and pieces")
-    variants = [(n, pl) for n in part_counts for pl in plan_policies]
+
     rng = np.random.default_rng(1234)
     rows = []
 
@@ -258,31 +244,20 @@ def main() -> int:
                                                 out_dtype=jnp.float32)
         err = float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
         impl = "jax_mla" if args.kernel == "auto" else f"jax_mla[{args.kernel}]"
-        # Only when asked: an older install (an A/B against a wheel on PYTHONPATH) may lack set_split_plan.
-        set_plan = jax_mla._ext.set_split_plan if plan_policies != ["env"] else (lambda mode: None)
-
-        def set_variant(i: int) -> None:
-            set_plan(variants[i][1])
-
         before = _decode_stats(jax_mla, backend)
-        if len(variants) == 1:
-            set_variant(0)
-            times = [time_step(make_step(op, variants[0][0]), (q, cache, tables, seq_lens), args.repeats, calls)]
+        if len(part_counts) == 1:
+            times = [time_step(make_step(op, part_counts[0]), (q, cache, tables, seq_lens), args.repeats, calls)]
         else:
-            # One jitted step per variant (each records its own CUDA graph under its own mode and
-            # policy), timed in turn; both are set again before every run, for steps XLA did not capture.
-            steps = [make_step(op, v[0]) for v in variants]
-            times = time_steps_interleaved(steps, (q, cache, tables, seq_lens), args.repeats, calls,
-                                           before_each=set_variant)
-        set_plan("env")
+            # One jitted step per part count (each records its own CUDA graph), timed in turn.
+            steps = [make_step(op, n) for n in part_counts]
+            times = time_steps_interleaved(steps, (q, cache, tables, seq_lens), args.repeats, calls)
         after = _decode_stats(jax_mla, backend)
-        for (num_parts, plan_policy), us in zip(variants, times):
+        for num_parts, us in zip(part_counts, times):
             # Decode calls of this config that ran the handler (all variants together), and how many of
             # those were traced into a CUDA graph (replays of a recorded graph do not run the handler).
-            tag = ((f"/p{num_parts}" if num_parts else "") + (f"/{plan_policy}" if plan_policy != "env" else "")
-                   + ("/l2res" if args.l2_resident else ""))
-            row = dict(name=cfg.name, impl=impl + tag, kernel=args.kernel, num_parts=num_parts, split_plan=plan_policy, us=us, rel_err=err, calls=calls, sets=num_sets,
-                       l2_resident=args.l2_resident, interleaved=len(variants) > 1)
+            tag = (f"/p{num_parts}" if num_parts else "") + ("/l2res" if args.l2_resident else "")
+            row = dict(name=cfg.name, impl=impl + tag, kernel=args.kernel, num_parts=num_parts, us=us, rel_err=err,
+                       calls=calls, sets=num_sets, l2_resident=args.l2_resident, interleaved=len(part_counts) > 1)
             if before is not None:
                 row.update(handler_calls=after[0] - before[0], traced_calls=after[1] - before[1])
             finish_row(cfg, row)

@@ -127,9 +127,9 @@ def decode_schedule(seq_lens, *, num_heads, seq_q=1, num_parts=None):
     shape (num_parts * 8 + 2 * b + 3,) (format: cuda/common/scheduler.h: per part its range of
     (request, KV block), per request its partial-result slots, and the list of requests the
     combine step merges); it only decides how work is split, never the result (up to float
-    rounding). How the batch is cut, the "line" or equal "pieces" per request, follows the
-    process-wide JAX_MLA_SPLIT_PLAN (auto by default; README, "Split-KV schedule"), read when the
-    schedule is computed: on CPU, mla_decode rejects a schedule made under another setting.
+    rounding). The batch is cut along a "line" of parts or into equal "pieces" per request,
+    whichever the scheduler's cost model finds cheaper (README, "Split-KV schedule"); on CPU,
+    mla_decode rejects a schedule that is not the plan for its seq_lens and num_parts.
 
     Args:
       seq_lens: (b,) int32, the same array later passed to mla_decode.

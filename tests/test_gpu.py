@@ -21,6 +21,7 @@ import pytest
 import cases
 import jax_mla
 from jax_mla import _ext
+from test_split_plan import check_pieces_plan
 
 pytestmark = pytest.mark.gpu
 
@@ -181,16 +182,12 @@ def test_bad_page_ids_and_lengths_give_nan_for_that_request_only(kernel):
 # The device scheduler and the combine list (cuda/common/scheduler.cu, combine.cu)
 # ----------------------------------------------------------------------------------------------
 
-def device_schedule(seq_lens, num_parts, policy="env"):
-    """The device scheduler's array under split-plan policy `policy` (env: the one in force)."""
-    prev = _ext.set_split_plan(policy)
-    try:
-        with jax.default_device(gpu()):
-            sched = jax_mla.decode_schedule(jax.device_put(np.asarray(seq_lens, np.int32), gpu()),
-                                            num_heads=16, num_parts=num_parts)
-        return np.asarray(sched)
-    finally:
-        _ext.set_split_plan(prev)
+def device_schedule(seq_lens, num_parts):
+    """The device scheduler's array."""
+    with jax.default_device(gpu()):
+        sched = jax_mla.decode_schedule(jax.device_put(np.asarray(seq_lens, np.int32), gpu()),
+                                        num_heads=16, num_parts=num_parts)
+    return np.asarray(sched)
 
 
 def plan_splits(seq_lens, num_parts):
@@ -207,8 +204,8 @@ SCHEDULE_BATCHES = (1, 2, 31, 32, 33, 127, 128, 129, 255, 1000, 1024, 1025, 4097
 def test_device_schedule_equals_host_plan(b):
     """The device scheduler writes exactly the host plan (parts, split offsets, combine list) for
     random, all-empty, half-empty, uniform (with and without empty requests), one-long and
-    few-requests batches, under each split-plan policy (line, pieces, auto: scheduler.h); the few
-    requests (at most 40 non-empty ones) are where pieces apply and its search runs."""
+    few-requests batches; the few requests (at most 40 non-empty ones) are where pieces apply and
+    their search runs (scheduler.h), the others mostly take the line."""
     rng = np.random.default_rng(9400 + b)
     kinds = np.array([0, 1, 63, 64, 65, 300, 1000, 4096, 30000, 131072])
     batches = {
@@ -223,10 +220,8 @@ def test_device_schedule_equals_host_plan(b):
     for name, lens in batches.items():
         lens = lens.astype(np.int32)
         for num_parts in (1, 7, 66, 132, 1000):
-            for policy in ("line", "pieces", "auto"):
-                np.testing.assert_array_equal(device_schedule(lens, num_parts, policy),
-                                              _ext.plan_schedule(lens, num_parts, policy),
-                                              err_msg=f"{name} b={b} num_parts={num_parts} {policy}")
+            np.testing.assert_array_equal(device_schedule(lens, num_parts), _ext.plan_schedule(lens, num_parts),
+                                          err_msg=f"{name} b={b} num_parts={num_parts}")
 
 
 def assert_rows_close(data, out, lse, tol=2e-2):
@@ -251,13 +246,13 @@ def assert_bit_identical(a, b):
 
 # (case, num_parts, what the plan must contain)
 MANY_SPLIT_CASES = [
-    # One request cut into 129 pieces: more than one round (8 warps x 16 splits) per row.
-    (cases.Case(lens=(131072,), h_q=128, page_size=64, seed=9501), 132, dict(max_splits=129)),
-    # The b1 h128 32K benchmark configuration: 65 splits of 128 rows.
-    (cases.Case(lens=(32768,), h_q=128, page_size=64, seed=9502), 66, dict(max_splits=65)),
+    # One request cut into 129 pieces of 16 blocks: more than one round (8 warps x 16 splits) per row.
+    (cases.Case(lens=(132096,), h_q=128, page_size=64, seed=9501), 132, dict(max_splits=129)),
+    # The b1 h128 32K benchmark configuration: 64 splits of 128 rows.
+    (cases.Case(lens=(32768,), h_q=128, page_size=64, seed=9502), 66, dict(max_splits=64)),
     # b = 3: a many-split, an empty and a few-split request; s_q = 2 causal (row = t * h + h).
     (cases.Case(lens=(70000, 0, 700), s_q=2, h_q=64, causal=True, page_size=64, seed=9503), 132,
-     dict(max_splits=123, empty=True, few=True)),
+     dict(max_splits=122, empty=True, few=True)),
     # rows = 9 (not a multiple of the 8 warps of a CTA step), several many-split requests.
     (cases.Case(lens=(5000, 0, 64, 0, 33000, 9, 0, 2000), s_q=3, h_q=3, page_size=32, seed=9504),
      132, dict(empty=True, few=True, single=True)),
@@ -267,16 +262,7 @@ MANY_SPLIT_CASES = [
 @pytest.mark.parametrize("case,num_parts,plan", MANY_SPLIT_CASES,
                          ids=[f"{c.id}-P{n}" for c, n, _ in MANY_SPLIT_CASES])
 def test_many_splits(case, num_parts, plan):
-    # The cases are line plans (scheduler.h; the split counts above are theirs): the auto policy
-    # would cut the first three into pieces (128, 64 and 122 splits, the first one round less).
-    prev = _ext.set_split_plan("line")
-    try:
-        many_splits_on_the_line(case, num_parts, plan)
-    finally:
-        _ext.set_split_plan(prev)
-
-
-def many_splits_on_the_line(case, num_parts, plan):
+    # The split counts above are the planner's (scheduler.h): pieces for the first three cases.
     data = cases.make(case)
     splits = plan_splits(data.seq_lens, num_parts)
     assert splits.max() > _ext.MANY_SPLITS
@@ -305,25 +291,22 @@ PIECES_CASES = [
 
 @pytest.mark.parametrize("case", PIECES_CASES, ids=lambda c: c.id)
 def test_pieces_plan_matches_reference(case):
-    """Forced pieces plans (scheduler.h: each request in equal pieces, one per part), with the
-    schedule inside the op and passed in: reference result per row, bit-identical repeats, and the
-    device's schedule is the host's pieces plan (so the case really ran on pieces)."""
+    """Pieces plans (scheduler.h: each request in equal pieces, one per part; the planner takes them
+    on these cases), with the schedule inside the op and passed in: reference result per row,
+    bit-identical repeats, and the device's schedule is the host's pieces plan (so the case really
+    ran on pieces)."""
     data = cases.make(case)
-    prev = _ext.set_split_plan("pieces")
-    try:
-        with jax.default_device(gpu()):
-            sched = jax_mla.decode_schedule(jax.device_put(data.seq_lens, gpu()), num_heads=case.h_q,
-                                            seq_q=case.s_q)
-        num_parts = (np.asarray(sched).size - 2 * case.b - 3) // 8
-        np.testing.assert_array_equal(np.asarray(sched), _ext.plan_schedule(data.seq_lens, num_parts, "pieces"))
-        assert not np.array_equal(np.asarray(sched), _ext.plan_schedule(data.seq_lens, num_parts, "line"))
-        in_op = run_gpu(data)
-        check(data, *in_op)
-        assert_rows_close(data, *in_op)
-        assert_bit_identical(in_op, run_gpu(data, schedule=sched))
-        assert_bit_identical(in_op, run_gpu(data))
-    finally:
-        _ext.set_split_plan(prev)
+    with jax.default_device(gpu()):
+        sched = jax_mla.decode_schedule(jax.device_put(data.seq_lens, gpu()), num_heads=case.h_q,
+                                        seq_q=case.s_q)
+    num_parts = (np.asarray(sched).size - 2 * case.b - 3) // 8
+    np.testing.assert_array_equal(np.asarray(sched), _ext.plan_schedule(data.seq_lens, num_parts))
+    check_pieces_plan(np.asarray(sched), data.seq_lens, num_parts)
+    in_op = run_gpu(data)
+    check(data, *in_op)
+    assert_rows_close(data, *in_op)
+    assert_bit_identical(in_op, run_gpu(data, schedule=sched))
+    assert_bit_identical(in_op, run_gpu(data))
 
 
 def test_in_op_schedule_many_splits_is_bit_identical():

@@ -1,14 +1,8 @@
-"""The scheduler's two ways of cutting a batch into parts (cuda/common/scheduler.h): the line and
-pieces, the auto policy that picks between them, and the switch (JAX_MLA_SPLIT_PLAN,
-_ext.set_split_plan). CPU only; tests/test_gpu.py checks that the device scheduler writes the same
-arrays under every policy and that the GPU kernels give the reference result with pieces."""
+"""The scheduler's two ways of cutting a batch into parts (cuda/common/scheduler.h), the line and
+pieces, and its rule for picking one. CPU only; tests/test_gpu.py checks that the device scheduler
+writes the same arrays and that the GPU kernels give the reference result with pieces."""
 
 from __future__ import annotations
-
-import contextlib
-import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -19,7 +13,6 @@ import jax_mla
 from jax_mla import _ext
 from test_cpu import check_against_reference, check_schedule_invariants, run_kernel
 
-POLICIES = ("line", "pieces", "auto")
 OVERHEAD = 5  # cuda/common/config.h kFixedOverheadBlocks
 
 
@@ -29,15 +22,6 @@ def on_cpu():
         yield
 
 
-@contextlib.contextmanager
-def split_plan(policy):
-    prev = _ext.set_split_plan(policy)
-    try:
-        yield
-    finally:
-        _ext.set_split_plan(prev)
-
-
 def blocks(seq_lens):
     return np.array([-(-int(n) // cases.BLOCK_N) if n > 0 else 0 for n in seq_lens])
 
@@ -45,6 +29,47 @@ def blocks(seq_lens):
 def splits_of(schedule, b, num_parts):
     s = np.asarray(schedule)
     return np.diff(s[num_parts * 8:num_parts * 8 + b + 1])
+
+
+def line_plan(seq_lens, num_parts):
+    """The line plan (scheduler.h), modelled independently of the planner: the whole schedule array
+    it writes when it keeps the line. W = ceil(total / num_parts) units (a uniform batch's
+    whole-request width when at most 1/20 wider, part_width); part p holds units [p W, p W + W)
+    of the requests' cost line (blocks + OVERHEAD each, the overhead first); the combine list as
+    test_cpu.check_combine_list states it."""
+    b = len(seq_lens)
+    nb = blocks(seq_lens)
+    cost = np.where(nb > 0, nb + OVERHEAD, 0)
+    C = np.concatenate([[0], np.cumsum(cost)])
+    total = int(C[-1])
+    w = max(1, -(-total // num_parts))
+    costs = cost[cost > 0]
+    if len(costs) and costs.min() == costs.max():
+        c = int(costs.max())
+        whole = -(-w // c) * c
+        if (whole - w) * 20 <= w:
+            w = whole
+    splits = [0 if cost[r] == 0 else (C[r + 1] - 1) // w - (C[r] + OVERHEAD) // w + 1 for r in range(b)]
+    offsets = np.concatenate([[0], np.cumsum(splits)])
+
+    def request_of_unit(x):  # the request whose cost range holds unit x (empty ones hold none)
+        return int(np.searchsorted(C[:b], x, side="right")) - 1
+
+    def block_at(r, x):
+        return int(min(max(x - C[r] - OVERHEAD, 0), nb[r]))
+
+    parts = np.zeros((num_parts, 8), np.int64)
+    for p in range(num_parts):
+        x0, x1 = p * w, min(p * w + w, total)
+        if x0 >= total:
+            parts[p, :3] = (b, 0, b - 1)  # empty part
+            continue
+        r0, r1 = request_of_unit(x0), request_of_unit(x1 - 1)
+        parts[p, :5] = (r0, block_at(r0, x0), r1, block_at(r1, x1), offsets[r0] + p - (C[r0] + OVERHEAD) // w)
+    many = [r for r in range(b) if splits[r] > _ext.MANY_SPLITS]
+    few = [r for r in range(b) if splits[r] != 1 and splits[r] <= _ext.MANY_SPLITS]
+    entries = many + few + [-1] * (b - len(many) - len(few))
+    return np.concatenate([parts.ravel(), offsets, [len(many) + len(few), len(many)], entries]).astype(np.int32)
 
 
 def smallest_piece_blocks(nb, num_parts):
@@ -119,24 +144,19 @@ def random_batches(seed, count):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_every_policy_gives_a_valid_plan(seed):
-    """Every (request, block) once, slots contiguous, combine list right, under all three
-    policies; pieces where it applies is the pieces plan, auto is one of the two plans, and the
-    op's schedule (decode_schedule) is the host planner's under the policy in force."""
+def test_the_plan_is_valid_and_one_of_the_two(seed):
+    """Every (request, block) once, slots contiguous, combine list right; the plan is the pieces
+    plan or the line; and the op's schedule (decode_schedule) is the host planner's."""
     for seq_lens in random_batches(500 + seed, 6):
         for num_parts in (1, 3, 7, 66, 132):
-            plans = {pol: np.asarray(_ext.plan_schedule(seq_lens, num_parts, pol)) for pol in POLICIES}
-            for pol, sched in plans.items():
-                check_schedule_invariants(sched, seq_lens, num_parts)
-                with split_plan(pol):
-                    op = jax_mla.decode_schedule(seq_lens, num_heads=64, num_parts=num_parts)
-                    np.testing.assert_array_equal(np.asarray(op), sched, err_msg=f"{pol} {num_parts}")
-            applies = smallest_piece_blocks(blocks(seq_lens), num_parts) is not None
-            if applies:
-                check_pieces_plan(plans["pieces"], seq_lens, num_parts)
+            sched = np.asarray(_ext.plan_schedule(seq_lens, num_parts))
+            check_schedule_invariants(sched, seq_lens, num_parts)
+            op = jax_mla.decode_schedule(seq_lens, num_heads=64, num_parts=num_parts)
+            np.testing.assert_array_equal(np.asarray(op), sched, err_msg=f"{num_parts}")
+            if is_pieces_plan(sched, seq_lens, num_parts):
+                check_pieces_plan(sched, seq_lens, num_parts)
             else:
-                np.testing.assert_array_equal(plans["pieces"], plans["line"])
-            assert any(np.array_equal(plans["auto"], plans[p]) for p in ("line", "pieces"))
+                np.testing.assert_array_equal(sched, line_plan(seq_lens, num_parts))
 
 
 def line_estimate(seq_lens, num_parts):
@@ -157,12 +177,13 @@ def line_estimate(seq_lens, num_parts):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_auto_picks_pieces_exactly_when_not_dearer(seed):
-    """auto's rule: pieces exactly when they apply and their most expensive part, B + overhead, is
-    no more than the line's estimate; and the estimate bounds the line's real parts."""
+    """The planner's rule: pieces exactly when they apply and their most expensive part, B +
+    overhead, is no more than the line's estimate, else the line; and the estimate bounds the
+    line's real parts."""
     for seq_lens in random_batches(600 + seed, 8):
         for num_parts in (3, 7, 66, 132):
-            line = np.asarray(_ext.plan_schedule(seq_lens, num_parts, "line"))
-            auto = np.asarray(_ext.plan_schedule(seq_lens, num_parts, "auto"))
+            line = line_plan(seq_lens, num_parts)
+            auto = np.asarray(_ext.plan_schedule(seq_lens, num_parts))
             assert most_expensive_part(line, seq_lens, num_parts) <= line_estimate(seq_lens, num_parts)
             B = smallest_piece_blocks(blocks(seq_lens), num_parts)
             wins = B is not None and B + OVERHEAD <= line_estimate(seq_lens, num_parts)
@@ -178,25 +199,25 @@ def test_auto_plans_of_the_benchmark_configs():
     the line), b1/32K (a tie, 8 + 5 both), b32/h64/4K (4 pieces of 16 blocks against 4 or 5 pieces
     on the line), b64/h16/8K (2 pieces of 64 against 2 or 3). b128/4K keeps the line's
     whole-request parts (more requests than parts)."""
-    def plan(lens, parts, policy="auto"):
-        return np.asarray(_ext.plan_schedule(np.asarray(lens, np.int32), parts, policy))
+    def plan(lens, parts):
+        return np.asarray(_ext.plan_schedule(np.asarray(lens, np.int32), parts))
     for lens, parts, pieces, cost, line_cost in (([1024] * 16, 66, 4, 4, 6), ([32768], 66, 64, 8, 8),
                                                  ([4096] * 32, 132, 4, 16, 17), ([8192] * 64, 132, 2, 64, 65)):
         s = plan(lens, parts)
         check_pieces_plan(s, lens, parts)
         assert (splits_of(s, len(lens), parts) == pieces).all()
         assert most_expensive_part(s, lens, parts) == cost + OVERHEAD
-        assert most_expensive_part(plan(lens, parts, "line"), lens, parts) == line_cost + OVERHEAD
+        assert most_expensive_part(line_plan(lens, parts), lens, parts) == line_cost + OVERHEAD
     s = plan([4096] * 128, 66)
-    np.testing.assert_array_equal(s, plan([4096] * 128, 66, "line"))
+    np.testing.assert_array_equal(s, line_plan([4096] * 128, 66))
     assert (splits_of(s, 128, 66) == 1).all()
 
 
 def test_pieces_plan_check_can_fail():
     seq_lens = np.array([1000, 0, 3000, 64], np.int32)
-    good = np.asarray(_ext.plan_schedule(seq_lens, 20, "pieces"))
+    good = np.asarray(_ext.plan_schedule(seq_lens, 20))  # the planner takes pieces here
     check_pieces_plan(good, seq_lens, 20)
-    line = np.asarray(_ext.plan_schedule(seq_lens, 20, "line"))
+    line = line_plan(seq_lens, 20)
     with pytest.raises(AssertionError):
         check_pieces_plan(line, seq_lens, 20)
     bad = good.copy()
@@ -212,61 +233,23 @@ def test_pieces_plan_check_can_fail():
     cases.Case(lens=(5000, 130), s_q=3, h_q=3, page_size=128, dtype="float16", seed=43),
 ], ids=lambda c: c.id)
 def test_cpu_kernel_with_pieces_matches_reference(case):
-    """The CPU kernel on pieces plans (in-op and precomputed schedule) gives the reference result,
-    and the same as on the line up to float rounding."""
+    """The CPU kernel on pieces plans (the planner takes pieces on these cases, with 40 parts and
+    with the op's default part count; precomputed and in-op schedule) gives the reference result."""
     data = cases.make(case)
-    with split_plan("pieces"):
-        sched = jax_mla.decode_schedule(data.seq_lens, num_heads=case.h_q, seq_q=case.s_q, num_parts=40)
-        assert is_pieces_plan(sched, data.seq_lens, 40)
-        for schedule in (sched, None):
-            check_against_reference(data, *run_kernel(data, schedule=schedule))
+    sched = jax_mla.decode_schedule(data.seq_lens, num_heads=case.h_q, seq_q=case.s_q, num_parts=40)
+    assert is_pieces_plan(sched, data.seq_lens, 40)
+    for schedule in (sched, None):
+        check_against_reference(data, *run_kernel(data, schedule=schedule))
 
 
 def test_cpu_rejects_a_schedule_of_the_other_plan():
     """A precomputed schedule carries its plan; the CPU handler, which checks it against its own,
-    names the policy in its error when they differ."""
+    refuses a valid schedule of the other plan (here the line, where the planner takes pieces)."""
     data = cases.make(cases.Case(lens=(1024,) * 4, h_q=16, page_size=64, seed=44))
-    with split_plan("pieces"):
-        sched = jax_mla.decode_schedule(data.seq_lens, num_heads=16, num_parts=16)
-    assert not np.array_equal(np.asarray(sched), _ext.plan_schedule(data.seq_lens, 16, "line"))
-    with split_plan("line"):
-        with pytest.raises(Exception, match="JAX_MLA_SPLIT_PLAN"):
-            jax.block_until_ready(run_kernel(data, schedule=sched))
-
-
-def test_set_split_plan_round_trip():
-    assert _ext.set_split_plan("pieces") == "env"
-    assert _ext.set_split_plan("line") == "pieces"
-    assert _ext.set_split_plan("auto") == "line"
-    with pytest.raises(ValueError, match="env, auto, line or pieces"):
-        _ext.set_split_plan("balanced")
-    assert _ext.set_split_plan("env") == "auto"
-    with pytest.raises(ValueError, match="auto, line or pieces"):
-        _ext.plan_schedule(np.array([5], np.int32), 2, "env")
-
-
-# Two batches on which the policies differ: auto takes pieces on the first (b16/1K over 66 parts)
-# and the line on the second (over 16 parts), so every policy gives a different pair of plans.
-ENV_BATCHES = (([1024] * 16, 66), ([2559, 3776, 4752, 175, 721, 4114], 16))
-
-
-@pytest.mark.parametrize("value,policy", [("pieces", "pieces"), ("line", "line"), ("", "auto"),
-                                          ("Pieces", "auto")])
-def test_environment_variable(value, policy):
-    """JAX_MLA_SPLIT_PLAN, read once per process; an unknown value falls back to auto with a warning."""
-    plans = {p: [np.asarray(_ext.plan_schedule(np.array(l, np.int32), n, p)) for l, n in ENV_BATCHES]
-             for p in POLICIES}
-    for p in POLICIES:  # the check below can tell every policy from the others
-        for q in POLICIES:
-            assert p == q or any(not np.array_equal(x, y) for x, y in zip(plans[p], plans[q])), (p, q)
-    code = ("import numpy as np, sys; from jax_mla import _ext; "
-            f"batches = {ENV_BATCHES!r}; "
-            "ok = all((_ext.plan_schedule(np.array(l, np.int32), n) == "
-            "_ext.plan_schedule(np.array(l, np.int32), n, sys.argv[1])).all() for l, n in batches); "
-            "print('same' if ok else 'different')")
-    env = dict(os.environ, JAX_MLA_SPLIT_PLAN=value)
-    proc = subprocess.run([sys.executable, "-P", "-c", code, policy], env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "same", (value, policy, proc.stdout)
-    assert ("not one of auto, line, pieces" in proc.stderr) == (value == "Pieces")
+    sched = jax_mla.decode_schedule(data.seq_lens, num_heads=16, num_parts=16)
+    assert is_pieces_plan(sched, data.seq_lens, 16)
+    line = line_plan(data.seq_lens, 16)
+    check_schedule_invariants(line, data.seq_lens, 16)
+    assert not np.array_equal(np.asarray(sched), line)
+    with pytest.raises(Exception, match="schedule does not match seq_lens"):
+        jax.block_until_ready(run_kernel(data, schedule=line))

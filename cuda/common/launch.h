@@ -38,8 +38,8 @@ cudaError_t setup_schedule_kernel();
 
 // schedule: (schedule_size(batch, num_parts)) int32, written on the device; zeroed: (num_zeroed)
 // int32 set to 0 by the same kernel (the SM90 fused merge's counters), or nullptr.
-cudaError_t launch_schedule(const int32_t* seq_lens, int batch, int num_parts, SplitPlanPolicy policy,
-                            int32_t* schedule, cudaStream_t stream, int32_t* zeroed = nullptr, int num_zeroed = 0);
+cudaError_t launch_schedule(const int32_t* seq_lens, int batch, int num_parts, int32_t* schedule, cudaStream_t stream,
+                            int32_t* zeroed = nullptr, int num_zeroed = 0);
 
 // Merges the partials of requests split over several parts into p.out / p.lse, and writes the
 // empty-request results (out 0, lse -inf), for the requests p.schedule's combine list names.

@@ -38,11 +38,6 @@ struct DecodeParams {
   bool fused_merge = false;
   int* merge_counters = nullptr;
 
-  // How the device scheduler plans the parts when the call computes its own schedule (scheduler.h;
-  // a precomputed schedule carries its plan). The CUDA handler sets it from JAX_MLA_SPLIT_PLAN
-  // (ffi/split_plan_policy.h).
-  SplitPlanPolicy split_plan = SplitPlanPolicy::kAuto;
-
   // Inputs (device or host pointers, per platform).
   const void* q;                // (b, s_q, h_q, 576)       row-major
   const void* kv_cache;         // (num_pages, page_size, 576) row-major

@@ -142,8 +142,7 @@ __device__ int64_t reduce_sum(int64_t local, int64_t (*warp_sums)[Shape::kScanWa
 
 template <class Shape>
 __global__ void __launch_bounds__(Shape::kThreads)
-    schedule_kernel(const int32_t* __restrict__ seq_lens, int batch, int num_parts, SplitPlanPolicy policy,
-                    int32_t* __restrict__ schedule, int32_t* __restrict__ zeroed, int num_zeroed) {
+    schedule_kernel(const int32_t* __restrict__ seq_lens, int batch, int num_parts, int32_t* __restrict__ schedule, int32_t* __restrict__ zeroed, int num_zeroed) {
   extern __shared__ int64_t smem[];
   int64_t* C = smem;                                                   // (batch + 1) cost prefix
   int32_t* split_offsets = reinterpret_cast<int32_t*>(C + batch + 1);  // (batch + 1)
@@ -185,7 +184,7 @@ __global__ void __launch_bounds__(Shape::kThreads)
     int64_t c = scan_exclusive<Shape>(local_cost, cost_totals, &total_cost);
     const CostSummary summary = reduce_cost_summary<Shape>(local_summary, cost_summaries);
     int round = 0;
-    const PartPlan plan = choose_part_plan(policy, total_cost, num_parts, summary, [&](int piece_blocks) {
+    const PartPlan plan = choose_part_plan(total_cost, num_parts, summary, [&](int piece_blocks) {
       int64_t n = 0;
 #pragma unroll
       for (int k = 0; k < kChunk; ++k) n += cost[k] > 0 ? pieces_of(cost[k] - kFixedOverheadBlocks, piece_blocks) : 0;
@@ -250,28 +249,27 @@ __global__ void __launch_bounds__(Shape::kThreads)
 }
 
 template <class Shape>
-cudaError_t launch_shape(const int32_t* seq_lens, int batch, int num_parts, SplitPlanPolicy policy, int32_t* schedule,
-                         int32_t* zeroed, int num_zeroed, cudaStream_t stream) {
+cudaError_t launch_shape(const int32_t* seq_lens, int batch, int num_parts, int32_t* schedule, int32_t* zeroed,
+                         int num_zeroed, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(1);
   cfg.blockDim = dim3(Shape::kThreads);
   cfg.dynamicSmemBytes = scheduler_smem_bytes(batch);
   cfg.stream = stream;
-  return cudaLaunchKernelEx(&cfg, schedule_kernel<Shape>, seq_lens, batch, num_parts, policy, schedule, zeroed,
-                            num_zeroed);
+  return cudaLaunchKernelEx(&cfg, schedule_kernel<Shape>, seq_lens, batch, num_parts, schedule, zeroed, num_zeroed);
 }
 
 }  // namespace
 
-cudaError_t launch_schedule(const int32_t* seq_lens, int batch, int num_parts, SplitPlanPolicy policy,
-                            int32_t* schedule, cudaStream_t stream, int32_t* zeroed, int num_zeroed) {
+cudaError_t launch_schedule(const int32_t* seq_lens, int batch, int num_parts, int32_t* schedule, cudaStream_t stream,
+                            int32_t* zeroed, int num_zeroed) {
   if (batch <= SmallSchedule::kMaxBatch) {
-    return launch_shape<SmallSchedule>(seq_lens, batch, num_parts, policy, schedule, zeroed, num_zeroed, stream);
+    return launch_shape<SmallSchedule>(seq_lens, batch, num_parts, schedule, zeroed, num_zeroed, stream);
   }
   if (batch <= MediumSchedule::kMaxBatch) {
-    return launch_shape<MediumSchedule>(seq_lens, batch, num_parts, policy, schedule, zeroed, num_zeroed, stream);
+    return launch_shape<MediumSchedule>(seq_lens, batch, num_parts, schedule, zeroed, num_zeroed, stream);
   }
-  return launch_shape<LargeSchedule>(seq_lens, batch, num_parts, policy, schedule, zeroed, num_zeroed, stream);
+  return launch_shape<LargeSchedule>(seq_lens, batch, num_parts, schedule, zeroed, num_zeroed, stream);
 }
 
 cudaError_t setup_schedule_kernel() {

@@ -117,12 +117,9 @@ MLA_HOST_DEVICE int64_t part_width(int64_t total, int num_parts, int min_cost, i
   return (whole - w) * kWholeRequestSlack <= w ? whole : w;
 }
 
-// The split-plan policy (JAX_MLA_SPLIT_PLAN, cuda/ffi/split_plan_policy.h): auto (default) picks
-// pieces when their most expensive part costs no more than the line's (pieces_preferred); line and
-// pieces force one (pieces only where it applies: 1 .. num_parts non-empty requests).
-enum class SplitPlanPolicy : int { kAuto = 0, kLine = 1, kPieces = 2 };
-
-// How the parts cut the batch (see the cost model above).
+// How the parts cut the batch (see the cost model above): the line, or pieces where they apply
+// (1 .. num_parts non-empty requests) and their most expensive part costs no more than the line's
+// (pieces_preferred).
 struct PartPlan {
   int64_t width;     // the line's units per part W (computed in both modes; used by the line)
   int piece_blocks;  // pieces: at most this many KV blocks per piece (B >= 1); 0: the line
@@ -165,13 +162,12 @@ MLA_HOST_DEVICE int64_t line_part_cost(int64_t width, const CostSummary& s) {
   return whole ? width : width + kFixedOverheadBlocks;
 }
 
-// auto picks pieces when their most expensive part costs no more than the line's estimate, ties
+// Pieces are chosen when their most expensive part costs no more than the line's estimate, ties
 // included: pieces split requests into fewer, equal pieces and no part straddles two requests,
 // which the cost model does not count. Measured on an H100 (docs/performance.md, seventeenth
 // session, each config in one process, pieces against line): b1/32K (13 units both) 1-3% faster,
 // b32/h64/4K (21 against 22) 3-13%, b64/h16/8K (69 against 70) 2-5%, b16/1K (9 against 11) 1-4%.
-MLA_HOST_DEVICE bool pieces_preferred(SplitPlanPolicy policy, int64_t piece_blocks, int64_t line_cost) {
-  if (policy != SplitPlanPolicy::kAuto) return policy == SplitPlanPolicy::kPieces;
+MLA_HOST_DEVICE bool pieces_preferred(int64_t piece_blocks, int64_t line_cost) {
   return piece_blocks + kFixedOverheadBlocks <= line_cost;
 }
 
@@ -180,21 +176,20 @@ MLA_HOST_DEVICE bool pieces_preferred(SplitPlanPolicy policy, int64_t piece_bloc
 // ceil(log2(hi - lo + 1)) calls; the device scheduler's version is a reduction over its threads,
 // so every one of them must reach the same calls: the arguments here are uniform).
 template <class PiecesTotal>
-MLA_HOST_DEVICE PartPlan choose_part_plan(SplitPlanPolicy policy, int64_t total_cost, int num_parts,
-                                          const CostSummary& s, PiecesTotal&& pieces_total) {
+MLA_HOST_DEVICE PartPlan choose_part_plan(int64_t total_cost, int num_parts, const CostSummary& s,
+                                          PiecesTotal&& pieces_total) {
   PartPlan plan{part_width(total_cost, num_parts, s.min_cost, s.max_cost), 0};
-  if (policy == SplitPlanPolicy::kLine) return plan;
   const int64_t total_blocks = total_cost - static_cast<int64_t>(s.nonempty) * kFixedOverheadBlocks;
   const PieceRange range = piece_blocks_range(total_blocks, s.nonempty, s.max_cost - kFixedOverheadBlocks, num_parts);
   if (range.lo > range.hi) return plan;
   const int64_t line_cost = line_part_cost(plan.width, s);
-  if (!pieces_preferred(policy, range.lo, line_cost)) return plan;  // not even the best B would win
+  if (!pieces_preferred(range.lo, line_cost)) return plan;  // not even the best B would win
   int lo = range.lo, hi = range.hi;                                  // pieces_total(hi) <= num_parts
   while (lo < hi) {
     const int mid = lo + (hi - lo) / 2;
     if (pieces_total(mid) <= num_parts) hi = mid; else lo = mid + 1;
   }
-  if (pieces_preferred(policy, lo, line_cost)) plan.piece_blocks = lo;
+  if (pieces_preferred(lo, line_cost)) plan.piece_blocks = lo;
   return plan;
 }
 
@@ -291,8 +286,7 @@ MLA_HOST_DEVICE void plan_part(const int64_t* C, const int32_t* split_offsets, i
 
 // Host reference: the whole plan, sequentially. C must have room for batch + 1 entries.
 // The device scheduler (scheduler.cu) produces the identical array.
-inline void plan_schedule_host(const int32_t* seq_lens, int batch, int num_parts, SplitPlanPolicy policy, int64_t* C,
-                               int32_t* schedule) {
+inline void plan_schedule_host(const int32_t* seq_lens, int batch, int num_parts, int64_t* C, int32_t* schedule) {
   C[0] = 0;
   CostSummary s{INT32_MAX, 0, 0};  // over the non-empty requests
   for (int r = 0; r < batch; ++r) {
@@ -304,7 +298,7 @@ inline void plan_schedule_host(const int32_t* seq_lens, int batch, int num_parts
       s.nonempty += 1;
     }
   }
-  const PartPlan plan = choose_part_plan(policy, C[batch], num_parts, s, [&](int piece_blocks) {
+  const PartPlan plan = choose_part_plan(C[batch], num_parts, s, [&](int piece_blocks) {
     int64_t n = 0;
     for (int r = 0; r < batch; ++r) n += pieces_of(num_kv_blocks(seq_lens[r]), piece_blocks);
     return n;

@@ -14,7 +14,6 @@
 #include "cpu/decode_cpu.h"
 #include "ffi/decode_args.h"
 #include "ffi/handlers.h"
-#include "ffi/split_plan_policy.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -74,15 +73,13 @@ ffi::Error decode_cpu_impl(ffi::AnyBuffer q,            // (b, s_q, h_q, 576) bf
     const int64_t size = schedule_size(p.batch, p.num_parts);
     std::vector<int64_t> cost_prefix(static_cast<size_t>(p.batch) + 1);  // (b + 1)
     std::vector<int32_t> plan(static_cast<size_t>(size));                 // (schedule_size)
-    const SplitPlanPolicy policy = split_plan_policy();
-    plan_schedule_host(p.seq_lens, p.batch, p.num_parts, policy, cost_prefix.data(), plan.data());
+    plan_schedule_host(p.seq_lens, p.batch, p.num_parts, cost_prefix.data(), plan.data());
     if (p.schedule != nullptr) {
       for (int64_t i = 0; i < size; ++i) {
         if (p.schedule[i] != plan[i]) {
           return invalid_argument(kDecodeTarget, "schedule does not match seq_lens and num_parts = ", p.num_parts,
                                   " (element ", i, " is ", p.schedule[i], ", expected ", plan[i],
-                                  "); pass the schedule computed from these seq_lens, under the same",
-                                  " JAX_MLA_SPLIT_PLAN (now ", kSplitPlanNames[static_cast<int>(policy)], ")");
+                                  "); pass the schedule computed from these seq_lens");
         }
       }
     }
@@ -109,8 +106,7 @@ ffi::Error decode_schedule_cpu_impl(ffi::AnyBuffer seq_lens,               // (b
   if (ffi::Error e = ffi_args::check_schedule(seq_lens, *schedule, num_parts, &batch); e.failure()) return e;
   try {
     std::vector<int64_t> cost_prefix(static_cast<size_t>(batch) + 1);  // (b + 1)
-    plan_schedule_host(static_cast<const int32_t*>(seq_lens.untyped_data()), batch, num_parts, split_plan_policy(),
-                       cost_prefix.data(),
+    plan_schedule_host(static_cast<const int32_t*>(seq_lens.untyped_data()), batch, num_parts, cost_prefix.data(),
                        static_cast<int32_t*>(schedule->untyped_data()));
   } catch (const std::bad_alloc&) {
     return ffi::Error(ffi::ErrorCode::kResourceExhausted, "jax_mla_decode_schedule: out of host memory");

@@ -31,7 +31,6 @@
 #include "ffi/kernel_info.h"
 #include "ffi/kernel_select.h"
 #include "ffi/self_check.h"
-#include "ffi/split_plan_policy.h"
 #include "handlers.h"
 
 namespace ffi = ::xla::ffi;
@@ -210,7 +209,6 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   p.partial_lse = reinterpret_cast<float*>(ws + layout.partial_lse_offset);
   p.partial_out = reinterpret_cast<float*>(ws + layout.partial_out_offset);
   p.merge_counters = reinterpret_cast<int*>(ws + layout.merge_counters_offset);
-  p.split_plan = split_plan_policy();
   const LaunchStatus st =
       launch_decode_kernel(sel.kernel, p, reinterpret_cast<int32_t*>(ws + layout.schedule_offset), stream);
   if (!st.ok()) {
@@ -237,7 +235,7 @@ ffi::Error ScheduleExecuteImpl(cudaStream_t stream, ffi::AnyBuffer seq_lens, ffi
     return ffi::Error(ffi::ErrorCode::kInternal, "jax_mla_decode_schedule: the initialize stage did not run");
   }
   if (cudaError_t e = launch_schedule(static_cast<const int32_t*>(seq_lens.untyped_data()), batch, num_parts,
-                                      split_plan_policy(), static_cast<int32_t*>(schedule->untyped_data()), stream);
+                                      static_cast<int32_t*>(schedule->untyped_data()), stream);
       e != cudaSuccess) {
     return cuda_error("scheduler launch", e);
   }

@@ -102,8 +102,8 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedu
   }
   st.fused_merge = p.fused_merge;
   if (p.schedule == nullptr) {
-    if ((st.error = launch_schedule(p.seq_lens, p.batch, p.num_parts, p.split_plan, schedule_scratch, stream,
-                                    p.merge_counters, static_cast<int>(counter_bytes / sizeof(int32_t)))) != cudaSuccess) {
+    if ((st.error = launch_schedule(p.seq_lens, p.batch, p.num_parts, schedule_scratch, stream, p.merge_counters,
+                                    static_cast<int>(counter_bytes / sizeof(int32_t)))) != cudaSuccess) {
       st.what = "scheduler launch";
       return st;
     }

@@ -18,7 +18,6 @@
 #include "common/workspace.h"
 #include "ffi/handlers.h"
 #include "ffi/kernel_select.h"
-#include "ffi/split_plan_policy.h"
 #ifdef JAX_MLA_WITH_CUDA
 #include "ffi/device_query.h"
 #include "ffi/kernel_info.h"
@@ -73,24 +72,6 @@ int cuda_sm_count() {
 #endif
 }
 
-// The SplitPlanPolicy named `name` ("env": -1, where `what` accepts it); ValueError otherwise.
-int split_plan_arg(const std::string& name, const char* what, bool env_allowed) {
-  if (env_allowed && name == "env") return -1;
-  const int i = jax_mla::split_plan_index(name.c_str());
-  if (i < 0) {
-    throw nb::value_error((std::string(what) + " must be " + (env_allowed ? "env, " : "") +
-                           "auto, line or pieces, not '" + name + "'").c_str());
-  }
-  return i;
-}
-
-// "env" (JAX_MLA_SPLIT_PLAN decides), "auto", "line" or "pieces": how later schedules of this process
-// cut the batch into parts (common/scheduler.h); returns the previous setting.
-std::string set_split_plan(const std::string& mode) {
-  const int prev = jax_mla::set_split_plan_override(split_plan_arg(mode, "set_split_plan: mode", true));
-  return prev < 0 ? "env" : jax_mla::kSplitPlanNames[prev];
-}
-
 nb::dict cuda_call_stats() {
   nb::dict d;
 #ifdef JAX_MLA_WITH_CUDA
@@ -114,11 +95,7 @@ using SeqLens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device
 using Schedule = nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>;                          // (schedule_size,)
 
 // Host reference planner (scheduler.h): the exact array jax_mla_decode_schedule produces.
-// policy: "auto", "line" or "pieces"; None: the policy in force (set_split_plan, JAX_MLA_SPLIT_PLAN).
-Schedule plan_schedule(SeqLens seq_lens, int num_parts, std::optional<std::string> policy) {
-  const jax_mla::SplitPlanPolicy plan_policy =
-      policy ? static_cast<jax_mla::SplitPlanPolicy>(split_plan_arg(*policy, "plan_schedule: policy", false))
-             : jax_mla::split_plan_policy();
+Schedule plan_schedule(SeqLens seq_lens, int num_parts) {
   const int64_t batch = static_cast<int64_t>(seq_lens.shape(0));
   check_sizes(batch, num_parts);
   if (batch > INT32_MAX) throw nb::value_error("batch must fit in int32");
@@ -126,8 +103,7 @@ Schedule plan_schedule(SeqLens seq_lens, int num_parts, std::optional<std::strin
   int32_t* schedule = new int32_t[size];  // (schedule_size(b, num_parts)), owned by the numpy array
   nb::capsule owner(schedule, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
   std::vector<int64_t> cost_prefix(static_cast<size_t>(batch) + 1);  // (b + 1)
-  jax_mla::plan_schedule_host(seq_lens.data(), static_cast<int>(batch), num_parts, plan_policy, cost_prefix.data(),
-                              schedule);
+  jax_mla::plan_schedule_host(seq_lens.data(), static_cast<int>(batch), num_parts, cost_prefix.data(), schedule);
   return Schedule(schedule, {size}, owner);
 }
 
@@ -239,13 +215,9 @@ NB_MODULE(_ext, m) {
       },
       nb::arg("batch"), nb::arg("rows"), nb::arg("num_parts"),
       "Bytes of the CUDA workspace result of jax_mla_decode (rows = s_q * h_q).");
-  m.def("plan_schedule", &plan_schedule, nb::arg("seq_lens"), nb::arg("num_parts"), nb::arg("policy") = nb::none(),
-        "Split-KV schedule of int32 seq_lens (b,) for num_parts parts, planned on the host; policy 'auto', "
-        "'line' or 'pieces' (default: the one in force, set_split_plan / JAX_MLA_SPLIT_PLAN).");
-  m.def("set_split_plan", &set_split_plan, nb::arg("mode"),
-        "How later schedules of this process cut the batch into parts (cuda/common/scheduler.h): 'env' "
-        "(JAX_MLA_SPLIT_PLAN decides, default auto), 'auto', 'line' or 'pieces'; returns the previous setting. "
-        "A tuning switch for benchmarks; a precomputed schedule keeps the plan it was computed with.");
+  m.def("plan_schedule", &plan_schedule, nb::arg("seq_lens"), nb::arg("num_parts"),
+        "Split-KV schedule of int32 seq_lens (b,) for num_parts parts, planned on the host (the line or "
+        "pieces plan, as cuda/common/scheduler.h chooses).");
 
   m.def("select_kernel", &select_kernel, nb::arg("cc_major"), nb::arg("cc_minor"), nb::arg("kernel"),
         nb::arg("env") = nb::none(), nb::arg("self_check") = "not run",
