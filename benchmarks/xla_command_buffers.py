@@ -15,7 +15,7 @@ XLA forms command buffers from thunks after the HLO passes, so the HLO shows non
 thunks of every command buffer it creates ("Creating command buffer thunk with the following
 thunks: ...") and the thunk kinds it left out ("... is not enabled by the user for type X").
 
-Found with it (docs/performance.md, 2026-12-03, fourth session): the benchmark's decode calls were
+Found with it (docs/performance.md, 2026-12-03): the benchmark's decode calls were
 dynamic-slice fusions and its XLA_FLAGS enabled only FUSION,CUSTOM_CALL, so none was captured.
 """
 

@@ -105,8 +105,8 @@ inline constexpr int kWholeRequestSlack = 20;
 // The part width W. When every non-empty request costs the same c (a uniform batch: the common
 // serving case and the benchmark's) and the next multiple of c above ceil(total / num_parts) is at
 // most 5% wider, W is that multiple: every part then holds whole requests, so no request is split,
-// the decode kernel writes no fp32 partials and the combine has nothing to merge. Measured on the
-// H200 (docs/performance.md, seventh session, call 1): b128/4K with 64 parts (W = 2 x 69 units
+// the decode kernel writes no fp32 partials and the combine has nothing to merge. Measured on an
+// H200 (docs/performance.md, 2026-12-04, whole-request parts): b128/4K with 64 parts (W = 2 x 69 units
 // instead of 134) -2.6% per call, causal s_q = 2 with 32 parts -1.8%. The parts past
 // ceil(total / W) stay empty. min_cost / max_cost: the smallest and largest request_cost over the
 // non-empty requests (INT32_MAX and 0 when there are none).
@@ -164,8 +164,8 @@ MLA_HOST_DEVICE int64_t line_part_cost(int64_t width, const CostSummary& s) {
 
 // Pieces are chosen when their most expensive part costs no more than the line's estimate, ties
 // included: pieces split requests into fewer, equal pieces and no part straddles two requests,
-// which the cost model does not count. Measured on an H100 (docs/performance.md, seventeenth
-// session, each config in one process, pieces against line): b1/32K (13 units both) 1-3% faster,
+// which the cost model does not count. Measured on an H100 (docs/performance.md, 2026-12-06, the
+// pieces split plan; each config in one process, pieces against line): b1/32K (13 units both) 1-3% faster,
 // b32/h64/4K (21 against 22) 3-13%, b64/h16/8K (69 against 70) 2-5%, b16/1K (9 against 11) 1-4%.
 MLA_HOST_DEVICE bool pieces_preferred(int64_t piece_blocks, int64_t line_cost) {
   return piece_blocks + kFixedOverheadBlocks <= line_cost;

@@ -9,11 +9,10 @@
 #include "common/workspace.h"
 #include "portable/launch.h"
 #include "sm90/launch.h"
-// The SM100 kernel is written separately (cuda/sm100). Its interface is assumed to match sm90's:
-//   jax_mla::sm100::setup_decode<Element>()
-//   jax_mla::sm100::launch_decode<Element>(p, q_map, kv_map, stream)   (the same TMA descriptors)
-// JAX_MLA_HAVE_SM100 / JAX_MLA_HAVE_SM103 are defined by the build only once cuda/sm100 has
-// sources compiled for sm_100a / sm_103a; until then kernel="sm100" is "not in this build".
+// The SM100 kernel (cuda/sm100, sm100/launch.h): setup_decode<Element>() and
+// launch_decode<Element>(p, q_map, kv_map, stream), on the same TMA descriptors as SM90's.
+// JAX_MLA_HAVE_SM100 / JAX_MLA_HAVE_SM103 are defined by the build when it compiles cuda/sm100 for
+// sm_100a / sm_103a; without them kernel="sm100" is "not in this build".
 #if defined(JAX_MLA_HAVE_SM100) || defined(JAX_MLA_HAVE_SM103)
 #include "sm100/launch.h"
 #define JAX_MLA_ANY_SM100 1

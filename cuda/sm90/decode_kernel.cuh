@@ -300,11 +300,9 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
 
     // Tiles of this piece, in order. The wgmma groups in flight when a step starts: for an owned
     // tile, our S of this tile; for the other's tile, our own P V of the previous tile. Our boxes of
-    // the previous tile are released as soon as our last wgmma reading them has completed. (Since
-    // 7fd23b3 the owner's `has_pending` case below is not reached: the other-tile step releases
-    // before it issues S. It stays for the orders where S goes first: the branches
-    // next/s-when-landed and next/s-first had them behind switches; neither measured faster, see
-    // docs/performance.md, fourth session of 2026-12-03.)
+    // the previous tile are released as soon as our last wgmma reading them has completed. (The
+    // owner's `has_pending` case below is not reached, since the other-tile step releases before it
+    // issues the next S; it keeps the release correct should S ever be issued first.)
     bool has_pending = false;  // our in-flight P V still reads our boxes of tile `pending`
     TileCursor pending;
     if (st.owner == consumer) {
@@ -333,9 +331,9 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
         other_step<Element>(s, st, rc, consumer, ti, rs, pf, o);
         if (blk + 1 < w.end_block) {
           // Hand our boxes of this tile back as soon as our P V of it completed, before waiting on
-          // the next tile's later boxes: left pending until after that S (before v8), the release
-          // of tile g waited for tile g + 1 to land, so the producer could start the load of g + 2
-          // only once g + 1 was in: one 72 KB load in flight per SM instead of two. S of the next tile
+          // the next tile's later boxes: were the release left pending until after that S, the
+          // release of tile g would wait for tile g + 1 to land, so the producer could start the load
+          // of g + 2 only once g + 1 was in: one 72 KB load in flight per SM instead of two. S of the next tile
           // starts with its first box, queued behind this P V as its own wgmma group, so the
           // tensor pipe goes from the P V straight into S instead of idling through the wait,
           // the release and the first issue; the other eight boxes follow the release.
