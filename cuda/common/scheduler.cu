@@ -142,7 +142,8 @@ __device__ int64_t reduce_sum(int64_t local, int64_t (*warp_sums)[Shape::kScanWa
 
 template <class Shape>
 __global__ void __launch_bounds__(Shape::kThreads)
-    schedule_kernel(const int32_t* __restrict__ seq_lens, int batch, int num_parts, int32_t* __restrict__ schedule, int32_t* __restrict__ zeroed, int num_zeroed) {
+    schedule_kernel(const int32_t* __restrict__ seq_lens, int batch, int num_parts, int32_t* __restrict__ schedule,
+                    int32_t* __restrict__ zeroed, int num_zeroed) {
   extern __shared__ int64_t smem[];
   int64_t* C = smem;                                                   // (batch + 1) cost prefix
   int32_t* split_offsets = reinterpret_cast<int32_t*>(C + batch + 1);  // (batch + 1)

@@ -2,8 +2,8 @@
 // See config.h for the CTA layout and the shared-memory plan, docs/design.md for the semantics.
 //
 // Grid: (num_m_blocks, num_parts): the row blocks of one part, which read the same KV tiles, get
-// consecutive CTA ids. CTA (mb, p) walks the pieces of work of part p of the split-KV schedule (cuda/common/scheduler.h)
-// for query rows [64 mb, 64 mb + 64) of each request.
+// consecutive CTA ids. CTA (mb, p) walks the pieces of work of part p of the split-KV schedule
+// (cuda/common/scheduler.h) for query rows [64 mb, 64 mb + 64) of each request.
 //
 // The CTA's KV tiles form one sequence g = 0, 1, 2, ... over all its pieces (the producer's ring
 // order): tile g's boxes sit in the box ring (kv_producer.cuh) at slots 9 g .. 9 g + 8 (mod the

@@ -4,8 +4,8 @@
 // Scores are kept in log2 units (scale * log2(e) folded into one FMA before exp2). Every row of a
 // tile lives in one quad of lanes (4 threads x 16 values), so row reductions are two shuffles.
 // The owner publishes the new reference max of each row with P (lazy: it moves only when the max
-// outgrows it by kLazyRescaleSlack; see owner_step); the other consumer takes it from shared memory, so both rescale their halves of O by
-// bit-identical factors.
+// outgrows it by kLazyRescaleSlack; see owner_step); the other consumer takes it from shared memory,
+// so both rescale their halves of O by bit-identical factors.
 #pragma once
 
 #include <cmath>
