@@ -145,6 +145,7 @@ def main() -> int:
     for cfg in CONFIGS:
         if named and not any(o and o in cfg.name for o in named):
             continue
+        t_cfg = time.perf_counter()
         kv_bytes = float(cfg.seq_lens().sum()) * 576 * 2
         num_sets = max(2, min(16, math.ceil(4 * L2_BYTES / kv_bytes)))
         calls = cfg.calls_per_step(copy_gbps, mm_tflops)
@@ -258,7 +259,8 @@ def main() -> int:
                    agreement=agree, ref_out_rel=ref_err, ref_lse_max_abs=ref_lse)
         rows.append(row)
         print(f"# {cfg.name:<26} " + "  ".join(f"{n} {us[n]:7.1f}" for n in IMPLS)
-              + f"  ratio {row['ratio_to_best_peer']:.2f}  (calls {calls}, sets {num_sets})", flush=True)
+              + f"  ratio {row['ratio_to_best_peer']:.2f}  (calls {calls}, sets {num_sets}, "
+              f"{time.perf_counter() - t_cfg:.0f} s)", flush=True)
         dump_json(partial=True)
         del graphs, jstep, q, cache, tables, seq_lens, q_t, cache_t, tables_t, lens_t, kcache4
         del q_nope, q_rope, v_cache, k_cache, fm_meta, fm_splits, fa_meta

@@ -143,10 +143,40 @@ run_peers() {
     JOBS=16 bash benchmarks/peers/build.sh > "$OUT/peers-build.log" 2>&1 ||
       { tail -30 "$OUT/peers-build.log"; status=1; return; }
   fi
-  local name; name=$(fresh_name peers)
-  timeout "${PEERS_TIMEOUT:-540}" python3 -P benchmarks/bench_peers.py ${PEERS_ARGS:-} --json "$OUT/$name.json" 2>&1 |
-    tee "$OUT/$name.log" | tail -30
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  if [ -z "${PEERS_VARIANTS:-}" ]; then
+    local name; name=$(fresh_name peers)
+    timeout "${PEERS_TIMEOUT:-540}" python3 -P benchmarks/bench_peers.py ${PEERS_ARGS:-} --json "$OUT/$name.json" 2>&1 |
+      tee "$OUT/$name.log" | tail -30
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    return
+  fi
+  # A/B of jax_mla builds against the same peers: one process per variant, in the order given
+  # (A B A B shows the drift between processes); e.g. PEERS_VARIANTS="PYTHONPATH=/tmp/site-base X=new"
+  # with AB_WHEELS=.whl-base. The table compares each variant's jax_mla / FlashMLA ratio, which the
+  # peers in the same process anchor.
+  local i=0 tags=()
+  for v in $PEERS_VARIANTS; do
+    i=$((i + 1)); tags+=("$v")
+    with_variant "$v" timeout "${PEERS_TIMEOUT:-540}" python3 -P benchmarks/bench_peers.py ${PEERS_ARGS:-} \
+      --label "$v" --json "$OUT/peers-ab-$i.json" > "$OUT/peers-ab-$i.log" 2>&1 ||
+      { echo "variant $v failed (exit $?)"; tail -5 "$OUT/peers-ab-$i.log"; status=1; }
+  done
+  python3 - "$OUT" "${tags[@]}" <<'PYEOF'
+import json, os, sys
+out, tags = sys.argv[1], sys.argv[2:]
+runs = [json.load(open(os.path.join(out, f"peers-ab-{i}.json"))) if os.path.exists(os.path.join(out, f"peers-ab-{i}.json"))
+        else None for i in range(1, len(tags) + 1)]
+for i, tag in enumerate(tags, 1):
+    print(f"# variant {i}: {tag}")
+print("jax_mla us (jax_mla / FlashMLA) per variant")
+names = [r["name"] for r in next(r for r in runs if r)["rows"]]
+for name in names:
+    cells = []
+    for run in runs:
+        row = next((r for r in run["rows"] if r["name"] == name), None) if run else None
+        cells.append(f"{row['us']['jax_mla']:8.1f} ({row['us']['jax_mla'] / row['us']['flashmla']:.3f})" if row else " " * 16)
+    print(f"{name:<26} " + "  ".join(cells))
+PYEOF
 }
 
 # ncu of one call of each kernel (FlashMLA, FA3, jax_mla: every kernel they launch) on the same
