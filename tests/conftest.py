@@ -15,7 +15,7 @@ import pytest
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
-sys.path.insert(0, TESTS)  # `import cases` from the test modules
+sys.path.insert(0, TESTS)  # `import cases`, `import script_loader` from the test modules in any subfolder
 
 
 def _prefer_installed_jax_mla():

@@ -1,5 +1,5 @@
 """jax.export of a whole decode step (cache update, schedule, attention): serialized here and run
-in a FRESH process (tests/export_worker.py), for the CPU alone and for ("cpu", "cuda"); on a GPU
+in a FRESH process (tests/api/export_worker.py), for the CPU alone and for ("cpu", "cuda"); on a GPU
 machine also for ("cuda",), run on the GPU."""
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ import subprocess
 import sys
 
 import pytest
+from script_loader import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKED = re.compile(r"^<!-- snippet: ([\w.-]+)( \(new process\))? -->\n```python\n(.*?)^```$",
                     re.M | re.S)
 # Every snippet this test must find (a renamed or dropped marker fails here, not silently).

@@ -1,5 +1,5 @@
 """The scheduler's two ways of cutting a batch into parts (cuda/common/scheduler.h), the line and
-pieces, and its rule for picking one. CPU only; tests/test_gpu.py checks that the device scheduler
+pieces, and its rule for picking one. CPU only; tests/gpu/test_gpu.py checks that the device scheduler
 writes the same arrays and that the GPU kernels give the reference result with pieces."""
 
 from __future__ import annotations

@@ -8,9 +8,8 @@ import subprocess
 import sys
 
 import jax
-from script_loader import load_script
+from script_loader import ROOT, load_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "deepseek_v3_mla.py")
 TINY = ["--heads", "4", "--layers", "2", "--prompt", "16", "--steps", "3", "--d-model", "256",
         "--q-lora-rank", "64", "--page-size", "8", "--device", "cpu"]
