@@ -40,6 +40,16 @@ def pytest_configure(config):
         "markers", "gpu: needs a CUDA device (skipped without one unless JAX_MLA_REQUIRE_GPU=1)")
 
 
+@pytest.fixture
+def on_cpu():
+    """Runs the test with the CPU as jax's default device, on a GPU machine too. A module whose
+    tests all need it says so with `pytestmark = pytest.mark.usefixtures("on_cpu")`."""
+    import jax
+
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 @functools.lru_cache(maxsize=None)
 def gpu_devices():
     import jax

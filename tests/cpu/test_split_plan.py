@@ -16,10 +16,7 @@ from test_cpu import check_against_reference, check_schedule_invariants, run_ker
 OVERHEAD = 5  # cuda/common/config.h kFixedOverheadBlocks
 
 
-@pytest.fixture(autouse=True)
-def on_cpu():
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
+pytestmark = pytest.mark.usefixtures("on_cpu")  # jax's default device: the CPU (conftest.py)
 
 
 def blocks(seq_lens):
