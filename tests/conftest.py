@@ -50,6 +50,18 @@ def on_cpu():
         yield
 
 
+@pytest.fixture(scope="session")
+def cpu_devices_env():
+    """env(n): this process's environment for a subprocess that runs jax on n CPU devices
+    (JAX_PLATFORMS=cpu, XLA_FLAGS plus --xla_force_host_platform_device_count=n). The flag must be
+    set before jax initialises, which in the pytest process has already happened."""
+    def env(n: int) -> dict[str, str]:
+        flags = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}"
+        return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags.strip())
+
+    return env
+
+
 @functools.lru_cache(maxsize=None)
 def gpu_devices():
     import jax

@@ -24,10 +24,8 @@ def test_example_one_device(capsys):
     assert "OK: 2 decode steps x 3 requests" in out and "2/2" in out and "tok/s" in out
 
 
-def test_example_batch_sharded_over_two_devices(tmp_path):
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
-                          " --xla_force_host_platform_device_count=2").strip())
+def test_example_batch_sharded_over_two_devices(tmp_path, cpu_devices_env):
+    env = cpu_devices_env(2)
     proc = subprocess.run([sys.executable, "-P", EXAMPLE, *TINY], cwd=str(tmp_path), env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"
