@@ -32,12 +32,12 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "api"))
 
 import bench_decode  # noqa: E402
 from configs import Config, find  # noqa: E402
 # The sharding checks' helpers: the collective names looked for in compiled HLO, and the agreement
-# of one problem split two ways (tests/sharding_worker.py, which runs the same checks on N devices).
+# of one problem split two ways (tests/api/sharding_worker.py, which runs the same checks on N devices).
 from sharding_worker import assert_agree, collectives  # noqa: E402,F401
 
 DEFAULT_CONFIGS = "b128_sq1_h128_4k,b64_sq1_h16_8k"

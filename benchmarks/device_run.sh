@@ -72,7 +72,7 @@ done
 # A hung kernel must not eat the whole lease: every step runs under a timeout, and a failed
 # smoke test stops the run.
 echo "== smoke"
-timeout 120 python3 tests/gpu_sanitize_cases.py || { echo "smoke test failed or hung (exit $?)"; exit 1; }
+timeout 120 python3 tests/gpu/gpu_sanitize_cases.py || { echo "smoke test failed or hung (exit $?)"; exit 1; }
 
 run_tests() {
   echo "== GPU tests"
@@ -212,7 +212,7 @@ PYEOF
   done
 }
 
-# Issue #8, on a machine with several GPUs: the sharding checks of tests/sharding_worker.py on the
+# Issue #8, on a machine with several GPUs: the sharding checks of tests/api/sharding_worker.py on the
 # GPUs (data and tensor parallel, 2-D mesh, schedules, export, the KV-cache update: results against
 # one device and the reference, no collective in the compiled HLO), then benchmarks/bench_sharded.py
 # (per-device throughput of the large configs against one GPU; bit-identity with one GPU).
@@ -221,7 +221,7 @@ run_multigpu() {
   local n; n=$(nvidia-smi -L | wc -l)
   echo "== multi-GPU ($n GPUs)"
   [ "$n" -ge 2 ] || { echo "needs two or more GPUs"; status=1; return; }
-  NCCL_NVLS_ENABLE=0 JAX_MLA_SHARDING_DEVICES=$n timeout "${MULTIGPU_TIMEOUT:-300}" python3 -P tests/sharding_worker.py \
+  NCCL_NVLS_ENABLE=0 JAX_MLA_SHARDING_DEVICES=$n timeout "${MULTIGPU_TIMEOUT:-300}" python3 -P tests/api/sharding_worker.py \
     "$OUT/sharding_gpu.json" 2>&1 | tee "$OUT/sharding_gpu.log" | tail -20
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   NCCL_NVLS_ENABLE=0 timeout "${MULTIGPU_TIMEOUT:-300}" python3 -P benchmarks/bench_sharded.py --devices "$n" \
@@ -233,7 +233,7 @@ run_sanitize() {
   echo "== compute-sanitizer (small cases)"
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
     timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool $tool --target-processes all --error-exitcode 99 \
-      python3 tests/gpu_sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
+      python3 tests/gpu/gpu_sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
     rc=$?
     echo "$tool: exit $rc"; tail -5 "$OUT/sanitize_$tool.log"
     [ $rc = 0 ] || status=1
@@ -353,7 +353,7 @@ run_xladump() {
     python3 benchmarks/bench_decode.py --only "$cfg" --repeats 3 --no-ceilings > "$OUT/xladump-bench.log" 2>&1
   echo "benchmark exit $?"
   env "${vlog[@]}" XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1 --xla_dump_to=/tmp/xladump-graphs --xla_dump_hlo_as_text" \
-    timeout 120 python3 -P tests/gpu_graphs_worker.py /tmp/graphs.pkl > "$OUT/xladump-graphs.log" 2>&1
+    timeout 120 python3 -P tests/gpu/gpu_graphs_worker.py /tmp/graphs.pkl > "$OUT/xladump-graphs.log" 2>&1
   echo "graphs worker exit $?"
   for d in bench graphs; do
     echo "-- $d"; python3 benchmarks/xla_command_buffers.py /tmp/xladump-$d "$OUT/xladump-$d.log" | tail -5

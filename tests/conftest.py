@@ -15,7 +15,7 @@ import pytest
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
-sys.path.insert(0, TESTS)  # `import cases` from the test modules
+sys.path.insert(0, TESTS)  # `import cases`, `import script_loader` from the test modules in any subfolder
 
 
 def _prefer_installed_jax_mla():
@@ -38,6 +38,28 @@ _prefer_installed_jax_mla()
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "gpu: needs a CUDA device (skipped without one unless JAX_MLA_REQUIRE_GPU=1)")
+
+
+@pytest.fixture
+def on_cpu():
+    """Runs the test with the CPU as jax's default device, on a GPU machine too. A module whose
+    tests all need it says so with `pytestmark = pytest.mark.usefixtures("on_cpu")`."""
+    import jax
+
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+@pytest.fixture(scope="session")
+def cpu_devices_env():
+    """env(n): this process's environment for a subprocess that runs jax on n CPU devices
+    (JAX_PLATFORMS=cpu, XLA_FLAGS plus --xla_force_host_platform_device_count=n). The flag must be
+    set before jax initialises, which in the pytest process has already happened."""
+    def env(n: int) -> dict[str, str]:
+        flags = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}"
+        return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags.strip())
+
+    return env
 
 
 @functools.lru_cache(maxsize=None)

@@ -93,7 +93,7 @@ inline constexpr int kTmemAllocCols = 512;                     // power of two >
 static_assert(kTmemColsUsed <= kTmemAllocCols && kTmemAllocCols <= kTmemColsMax, "TMEM: 512 columns");
 static_assert(2 * kBM == kTmemLanes, "an M = 64 .ws accumulator spans all 128 lanes (two column halves)");
 
-// ---- instruction descriptors (checked against hand-derived values in tests/cpp) -----------------
+// ---- instruction descriptors (checked against hand-derived values in tests/cpu/cpp) -------------
 
 // S = Q K^T: A = Q (M = 64 x K, K-major), B = K tile (N = 64 keys x K, K-major).
 constexpr uint32_t idesc_qk(MmaInput t) { return make_instr_desc_f16(t, kBM, kBN, Major::kK, Major::kK); }

@@ -1,8 +1,8 @@
 // Bit encoders for the three 32/64-bit words tcgen05 instructions take: the instruction
 // descriptor of tcgen05.mma, the shared-memory matrix descriptor of its A/B operands, and a Tensor
 // Memory (TMEM) address. Plain constexpr C++ (no CUDA headers), so that the host unit test
-// (tests/cpp/sm100_descriptors.cc, run by tests/test_sm100_descriptors.py) checks the very functions
-// the kernel uses against values derived by hand from the PTX ISA.
+// (tests/cpu/cpp/sm100_descriptors.cc, run by tests/cpu/test_sm100_descriptors.py) checks the very
+// functions the kernel uses against values derived by hand from the PTX ISA.
 //
 // References (PTX ISA 8.6+, chapter "Tensor Core 5th Generation Family Instructions", tcgen05):
 //   - "Instruction descriptor"  (table "Instruction descriptor format for .kind::f16 and .kind::tf32")

@@ -44,7 +44,7 @@ enum ConsumerBarrier : int {
 };
 
 // The KV ring: two whole tiles. The seesaw has two tiles in progress at once;
-// tests/test_sm90_ring_protocol.py checks the protocol on this ring.
+// tests/cpu/test_sm90_ring_protocol.py checks the protocol on this ring.
 inline constexpr int kNumSlots = 2 * kKvBoxesQK;
 inline constexpr int kQBoxElems = kBlockM * kKvBoxCols;  // one (BLK_M, 64) box of Q
 static_assert(kNumSlots % kKvBoxesQK == 0, "the box ring is released per whole tile (kv_producer.cuh)");

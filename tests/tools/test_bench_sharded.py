@@ -14,10 +14,9 @@ import numpy as np
 from script_loader import ROOT, load_script
 
 
-def test_runs_on_two_cpu_devices(tmp_path):
+def test_runs_on_two_cpu_devices(tmp_path, cpu_devices_env):
     out = tmp_path / "sharded.json"
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2")
+    env = cpu_devices_env(2)
     proc = subprocess.run([sys.executable, "-P", os.path.join(ROOT, "benchmarks", "bench_sharded.py"),
                            "--only", "tiny_b4_h16_300", "--calls", "2", "--repeats", "1", "--json", str(out)],
                           cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=600)

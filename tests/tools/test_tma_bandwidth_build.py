@@ -9,9 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from script_loader import load_script
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from script_loader import ROOT, load_script
 
 
 def _cuobjdump():

@@ -1,5 +1,5 @@
 """Host unit test of the SM100 kernel's tcgen05 descriptor encoders (cuda/sm100/descriptors.h):
-compiles tests/cpp/sm100_descriptors.cc, whose static_asserts hold values derived by hand from the
+compiles tests/cpu/cpp/sm100_descriptors.cc, whose static_asserts hold values derived by hand from the
 PTX ISA, with the host C++ compiler and runs it. Needs no GPU and no CUDA toolkit; skipped when no
 C++ compiler is on PATH."""
 

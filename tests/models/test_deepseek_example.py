@@ -8,9 +8,8 @@ import subprocess
 import sys
 
 import jax
-from script_loader import load_script
+from script_loader import ROOT, load_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "deepseek_v3_mla.py")
 TINY = ["--heads", "4", "--layers", "2", "--prompt", "16", "--steps", "3", "--d-model", "256",
         "--q-lora-rank", "64", "--page-size", "8", "--device", "cpu"]
@@ -25,10 +24,8 @@ def test_example_one_device(capsys):
     assert "OK: 2 decode steps x 3 requests" in out and "2/2" in out and "tok/s" in out
 
 
-def test_example_batch_sharded_over_two_devices(tmp_path):
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
-                          " --xla_force_host_platform_device_count=2").strip())
+def test_example_batch_sharded_over_two_devices(tmp_path, cpu_devices_env):
+    env = cpu_devices_env(2)
     proc = subprocess.run([sys.executable, "-P", EXAMPLE, *TINY], cwd=str(tmp_path), env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"

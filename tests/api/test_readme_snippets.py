@@ -14,8 +14,8 @@ import subprocess
 import sys
 
 import pytest
+from script_loader import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKED = re.compile(r"^<!-- snippet: ([\w.-]+)( \(new process\))? -->\n```python\n(.*?)^```$",
                     re.M | re.S)
 # Every snippet this test must find (a renamed or dropped marker fails here, not silently).
@@ -51,7 +51,7 @@ def test_readme_has_the_marked_snippets():
     assert not missing, f"README.md lost the snippets {missing} (found {names})"
 
 
-def test_readme_snippets_run(tmp_path):
+def test_readme_snippets_run(tmp_path, cpu_devices_env):
     found = snippets()
     if not found:
         pytest.fail("no marked snippets in README.md")
@@ -62,9 +62,7 @@ def test_readme_snippets_run(tmp_path):
         if new_process or not groups:
             groups.append([])
         groups[-1].append(str(path))
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
-                          " --xla_force_host_platform_device_count=8").strip())
+    env = cpu_devices_env(8)
     for group in groups:
         # -P and the temporary working directory: the installed jax_mla, not the checkout.
         proc = subprocess.run([sys.executable, "-P", "-c", RUNNER, *group], cwd=str(tmp_path),

@@ -1,9 +1,9 @@
-"""Multi-device checks of jax_mla.mla_decode, run by tests/test_sharding.py in a subprocess.
+"""Multi-device checks of jax_mla.mla_decode, run by tests/api/test_sharding.py in a subprocess.
 
 They need 8 CPU devices, i.e. XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax
 initialises, which a pytest process that already imported jax cannot get; hence this script:
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python3 tests/sharding_worker.py OUT.json [NAME ...]
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python3 tests/api/sharding_worker.py OUT.json [NAME ...]
 
 On a machine with several GPUs (issue #8) the same checks run on them with
 JAX_MLA_SHARDING_DEVICES=N (an even number; default 8) and no XLA_FLAGS: `benchmarks/device_run.sh
@@ -23,7 +23,8 @@ import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# cases.py is in tests/, one folder up.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -1,7 +1,7 @@
 """CUDA graphs: a decode step with jax_mla's custom calls captured by XLA command buffers and
 replayed while seq_lens, the block table and q change between steps.
 
-XLA reads XLA_FLAGS once per process, so each configuration runs tests/gpu_graphs_worker.py in a
+XLA reads XLA_FLAGS once per process, so each configuration runs tests/gpu/gpu_graphs_worker.py in a
 subprocess: once with command buffers on for custom calls (and graphs of any size), once with them
 off. The worker checks every step against the CPU reference. Here the decode handler must have run
 while its stream was capturing into a CUDA graph with command buffers on, and never without them

@@ -16,10 +16,7 @@ from jax_mla import _cache
 D = 576
 
 
-@pytest.fixture(autouse=True)
-def on_cpu():
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
+pytestmark = pytest.mark.usefixtures("on_cpu")  # jax's default device: the CPU (conftest.py)
 
 
 def problem(dtype="bfloat16", rank4=False, num_pages=20, page_size=8, seed=0):

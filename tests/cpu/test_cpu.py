@@ -18,10 +18,7 @@ SWEEP = cases.random_sweep(48, master_seed=2, page_sizes=CPU_PAGE_SIZES)
 CASES = cases.edge_cases(CPU_PAGE_SIZES) + SWEEP
 
 
-@pytest.fixture(autouse=True)
-def on_cpu():
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
+pytestmark = pytest.mark.usefixtures("on_cpu")  # jax's default device: the CPU (conftest.py)
 
 
 def run_kernel(data, **overrides):

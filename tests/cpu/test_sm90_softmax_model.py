@@ -2,7 +2,7 @@
 with its lazy reference rule (the reference moves only when a tile's max exceeds it by more than
 kLazyRescaleSlack = 8, log2 units). It checks the algebra the kernel relies on, not the kernel:
 O / l and reference + log2(l) are the softmax and its LSE; P never exceeds 2^slack; the rescale of
-O is needed on almost no tile. The GPU side is tests/test_gpu.py::test_lazy_rescale_matches_reference."""
+O is needed on almost no tile. The GPU side is tests/gpu/test_gpu.py::test_lazy_rescale_matches_reference."""
 import numpy as np
 import pytest
 

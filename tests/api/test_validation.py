@@ -15,10 +15,7 @@ from jax_mla._primitive import mla_decode_p
 BF16 = jnp.bfloat16
 
 
-@pytest.fixture(autouse=True)
-def on_cpu():
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
+pytestmark = pytest.mark.usefixtures("on_cpu")  # jax's default device: the CPU (conftest.py)
 
 
 def good(b=2, s_q=1, h_q=16, num_pages=10, page=64, max_pages=4):

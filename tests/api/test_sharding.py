@@ -21,12 +21,9 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def results(tmp_path_factory, cpu_devices_env):
     out = tmp_path_factory.mktemp("sharding") / "results.json"
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                        f" --xla_force_host_platform_device_count={sharding_worker.NUM_DEVICES}")
-    env["JAX_PLATFORMS"] = "cpu"
+    env = cpu_devices_env(sharding_worker.NUM_DEVICES)
     # -P and a neutral cwd: import the installed jax_mla, not the checkout's folder.
     proc = subprocess.run([sys.executable, "-P", os.path.join(TESTS, "sharding_worker.py"),
                            str(out)], cwd=str(out.parent), env=env, capture_output=True,

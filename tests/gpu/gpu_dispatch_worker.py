@@ -1,7 +1,7 @@
-"""One process of tests/test_gpu_dispatch.py: JAX_MLA_KERNEL and JAX_MLA_SELFCHECK are read once
+"""One process of tests/gpu/test_gpu_dispatch.py: JAX_MLA_KERNEL and JAX_MLA_SELFCHECK are read once
 per process (at the first GPU initialization), so every environment gets a fresh one.
 
-    JAX_MLA_SELFCHECK=fault python3 -P tests/gpu_dispatch_worker.py OUT.pkl [--info-first] KERNEL...
+    JAX_MLA_SELFCHECK=fault python3 -P tests/gpu/gpu_dispatch_worker.py OUT.pkl [--info-first] KERNEL...
 
 Runs one small case (several requests, a split one, an empty one) with each KERNEL ("auto",
 "sm90", "portable", ...), in that order, and pickles into OUT.pkl: {"results": {kernel: (out, lse)
@@ -16,7 +16,8 @@ import os
 import pickle
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# cases.py is in tests/, one folder up.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

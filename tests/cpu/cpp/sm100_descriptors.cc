@@ -1,7 +1,7 @@
 // Host unit test of the tcgen05 descriptor encoders of the SM100 decode kernel
 // (cuda/sm100/descriptors.h). Every expected value below is derived by hand from the PTX ISA bit
 // tables (tcgen05 "Instruction descriptor", "Shared Memory Descriptor", "Tensor Memory Addressing"),
-// not computed with the functions under test. Built and run by tests/test_sm100_descriptors.py with
+// not computed with the functions under test. Built and run by tests/cpu/test_sm100_descriptors.py with
 // the host C++ compiler; the checks are static_asserts, so compiling is the test, and main() only
 // prints the values.
 #include <cinttypes>

@@ -1,5 +1,5 @@
 """The scheduler's two ways of cutting a batch into parts (cuda/common/scheduler.h), the line and
-pieces, and its rule for picking one. CPU only; tests/test_gpu.py checks that the device scheduler
+pieces, and its rule for picking one. CPU only; tests/gpu/test_gpu.py checks that the device scheduler
 writes the same arrays and that the GPU kernels give the reference result with pieces."""
 
 from __future__ import annotations
@@ -16,10 +16,7 @@ from test_cpu import check_against_reference, check_schedule_invariants, run_ker
 OVERHEAD = 5  # cuda/common/config.h kFixedOverheadBlocks
 
 
-@pytest.fixture(autouse=True)
-def on_cpu():
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
+pytestmark = pytest.mark.usefixtures("on_cpu")  # jax's default device: the CPU (conftest.py)
 
 
 def blocks(seq_lens):

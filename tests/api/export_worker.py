@@ -1,6 +1,6 @@
-"""Runs serialized jax.export artifacts in a fresh process (used by tests/test_export.py).
+"""Runs serialized jax.export artifacts in a fresh process (used by tests/api/test_export.py).
 
-    python3 -P tests/export_worker.py DIR
+    python3 -P tests/api/export_worker.py DIR
 
 DIR holds inputs.pkl (the list of the call's NumPy arguments) and for each artifact NAME a
 NAME.bin (Exported.serialize()) and NAME.pkl (the list of the exporting process's results).

@@ -1,7 +1,7 @@
-"""A jitted decode step run for several steps on the GPU (used by tests/test_gpu_graphs.py).
+"""A jitted decode step run for several steps on the GPU (used by tests/gpu/test_gpu_graphs.py).
 
     XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1" \
-        python3 -P tests/gpu_graphs_worker.py OUT.pkl
+        python3 -P tests/gpu/gpu_graphs_worker.py OUT.pkl
 
 Each step appends one token per request with update_kv_cache (cache donated), plans one
 decode_schedule and runs mla_decode for two "layers". Between steps seq_lens, the block table and
@@ -17,7 +17,8 @@ import os
 import pickle
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# cases.py is in tests/, one folder up.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

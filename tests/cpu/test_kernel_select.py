@@ -23,10 +23,7 @@ NAMES = ("auto", "sm90", "sm100", "portable")
 CHOICES = "'auto', 'sm90', 'sm100', 'portable'"
 
 
-@pytest.fixture(autouse=True)
-def on_cpu():
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
+pytestmark = pytest.mark.usefixtures("on_cpu")  # jax's default device: the CPU (conftest.py)
 
 
 def select(cc, kernel="auto", env=None, self_check="not run", built=("sm90",), mode=""):

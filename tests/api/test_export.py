@@ -1,5 +1,5 @@
 """jax.export of a whole decode step (cache update, schedule, attention): serialized here and run
-in a FRESH process (tests/export_worker.py), for the CPU alone and for ("cpu", "cuda"); on a GPU
+in a FRESH process (tests/api/export_worker.py), for the CPU alone and for ("cpu", "cuda"); on a GPU
 machine also for ("cuda",), run on the GPU."""
 
 from __future__ import annotations
@@ -20,10 +20,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 H_Q = 16
 
 
-@pytest.fixture(autouse=True)
-def on_cpu():
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
+pytestmark = pytest.mark.usefixtures("on_cpu")  # jax's default device: the CPU (conftest.py)
 
 
 def decode_step(q, kv_cache, block_table, seq_lens, new_latent):

@@ -1,4 +1,4 @@
-"""Builds and runs a host C++ unit test from tests/cpp/ (no GPU, no CUDA toolkit), for
+"""Builds and runs a host C++ unit test from tests/cpu/cpp/ (no GPU, no CUDA toolkit), for
 test_sm100_descriptors.py. Not collected by pytest."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(TESTS)
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def compiler():
@@ -21,7 +21,7 @@ def compiler():
 
 
 def build_and_run(source: str, tmp_path) -> subprocess.CompletedProcess:
-    """Compiles tests/cpp/<source> (-Wall -Wextra -Werror, cuda/ on the include path) and runs it;
+    """Compiles tests/cpu/cpp/<source> (-Wall -Wextra -Werror, cuda/ on the include path) and runs it;
     skips the calling test when there is no C++ compiler, fails it when the build fails."""
     cxx = compiler()
     if cxx is None:
@@ -29,7 +29,7 @@ def build_and_run(source: str, tmp_path) -> subprocess.CompletedProcess:
     exe = tmp_path / os.path.splitext(source)[0]
     build = subprocess.run(
         [cxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-I", os.path.join(ROOT, "cuda"),
-         os.path.join(TESTS, "cpp", source), "-o", str(exe)],
+         os.path.join(HERE, "cpp", source), "-o", str(exe)],
         capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     return subprocess.run([str(exe)], capture_output=True, text=True)

@@ -1,6 +1,6 @@
 """Kernel dispatch on a real GPU (marker gpu): what kernel="auto" picks, explicit requests the device
 cannot run, JAX_MLA_KERNEL, and the self-check with its fallback. The self-check and the environment
-are per process, so those tests run tests/gpu_dispatch_worker.py in fresh processes.
+are per process, so those tests run tests/gpu/gpu_dispatch_worker.py in fresh processes.
 
 Written for the H200 (compute capability 9.0), where JAX_MLA_SELFCHECK=force runs the SM90
 kernel's self-check (as auto does for SM100 on 10.x) and JAX_MLA_SELFCHECK=fault makes it fail.
