@@ -19,21 +19,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Mirror cuda/common/config.h (tests check them against jax_mla._ext).
-HEAD_DIM_QK = 576
-HEAD_DIM_V = 512
-MAX_SEQ_Q = 8
-MAX_HEADS_Q = 128
-BLOCK_M = 64  # query rows per CTA / CPU task
-MIN_GPU_PAGE_SIZE = 16   # the GPU kernels need a power-of-two page size in this range
-MAX_GPU_PAGE_SIZE = 256
-PART_FIELDS = 8  # int32 fields per part in the schedule (cuda/common/scheduler.h)
-COMBINE_HEADER = 2  # int32 header of the schedule's combine list (count, many-split count)
-MANY_SPLITS = 8  # requests with more splits are listed first in the combine list
-# Values of jax_mla_decode's int32 attribute "kernel" (cuda/ffi/kernel_select.h, _ext.KERNELS).
-KERNELS = {"auto": 0, "sm90": 1, "sm100": 2, "portable": 3}
+from ._extension import KERNELS, LIMITS
+
+# The limits of cuda/runtime/limits.h, as the extension exports them: the handlers check the same
+# ones (tests/test_limits.py).
+HEAD_DIM_QK = LIMITS["HEAD_DIM_QK"]
+HEAD_DIM_V = LIMITS["HEAD_DIM_V"]
+MAX_SEQ_Q = LIMITS["MAX_SEQ_Q"]
+MAX_HEADS_Q = LIMITS["MAX_HEADS_Q"]
+BLOCK_M = LIMITS["BLOCK_M"]  # query rows per CTA / CPU task
+MIN_GPU_PAGE_SIZE = LIMITS["MIN_GPU_PAGE_SIZE"]  # the GPU kernels need a power-of-two page size
+MAX_GPU_PAGE_SIZE = LIMITS["MAX_GPU_PAGE_SIZE"]  # in [MIN_GPU_PAGE_SIZE, MAX_GPU_PAGE_SIZE]
+PART_FIELDS = LIMITS["PART_FIELDS"]  # int32 fields per part in the schedule (cuda/common/scheduler.h)
+COMBINE_HEADER = LIMITS["COMBINE_HEADER"]  # int32 header of the schedule's combine list
+MANY_SPLITS = LIMITS["MANY_SPLITS"]  # requests with more splits are listed first in the combine list
+_INT32_MAX = LIMITS["INT32_MAX"]
+# KERNELS: values of jax_mla_decode's int32 attribute "kernel" (cuda/runtime/kernel_select.h).
 _KERNEL_CHOICES = ", ".join(repr(k) for k in KERNELS)
-_INT32_MAX = 2**31 - 1
 
 _FLOAT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(np.float16))
 _INT32 = np.dtype(np.int32)
@@ -306,7 +308,8 @@ def schedule_num_parts(schedule: Any, batch: int, where: str = "mla_decode") -> 
     parts, rem = divmod(n - schedule_size(batch, 0), PART_FIELDS)
     if len(shape) != 1 or rem != 0 or parts < 1:
         raise ValueError(
-            f"{where}: schedule must have shape (num_parts * {PART_FIELDS} + 2 * b + 3,) with b = {batch} "
+            f"{where}: schedule must have shape (num_parts * {PART_FIELDS} + 2 * b + {COMBINE_HEADER + 1},) "
+            f"with b = {batch} "
             f"and num_parts >= 1 (as returned by decode_schedule for the same seq_lens), "
             f"got shape {shape}")
     dt = _dtype(schedule)
@@ -321,7 +324,8 @@ def check_schedule_operand(schedule: Any, batch: int, num_parts: int, where: str
     expected = schedule_size(batch, num_parts)
     if shape not in ((0,), (expected,)):
         raise ValueError(
-            f"{where}: schedule must have shape (0,) or (num_parts * {PART_FIELDS} + 2 * b + 3,) = "
+            f"{where}: schedule must have shape (0,) or "
+            f"(num_parts * {PART_FIELDS} + 2 * b + {COMBINE_HEADER + 1},) = "
             f"({expected},) for num_parts = {num_parts}, b = {batch}, got shape {shape}")
     dt = _dtype(schedule)
     if dt != _INT32:
