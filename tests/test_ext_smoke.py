@@ -126,7 +126,8 @@ def test_plan_schedule_matches_ffi_target():
         assert host.dtype == np.int32 and host.shape == (_ext.testing.schedule_size(8, parts),)
         np.testing.assert_array_equal(ffi_schedule(seq_lens, parts), host)
     # Other integer arrays are converted.
-    np.testing.assert_array_equal(_ext.testing.plan_schedule(seq_lens.astype(np.int64), 7), _ext.testing.plan_schedule(seq_lens, 7))
+    plan = _ext.testing.plan_schedule
+    np.testing.assert_array_equal(plan(seq_lens.astype(np.int64), 7), plan(seq_lens, 7))
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,9 @@
 """Kernel selection and the `kernel` argument, on the CPU.
 
-The CUDA handler's choice (cuda/ffi/kernel_select.h) is a pure function exposed as
-jax_mla._ext.testing.select_kernel: it is checked here against the documented rules for every combination
-of compute capability, kernel argument, JAX_MLA_KERNEL, JAX_MLA_SELFCHECK, kernels in the build and
-self-check outcome, plus hand-picked cases with their exact messages. The argument itself is
+The CUDA handler's choice (cuda/runtime/kernel_select.h) is a pure function exposed as
+jax_mla._ext.testing.select_kernel: it is checked here against the documented rules for every
+combination of compute capability, kernel argument, JAX_MLA_KERNEL, JAX_MLA_SELFCHECK, kernels in the
+build and self-check outcome, plus hand-picked cases with their exact messages. The argument itself is
 validated at trace time (same words as the handlers' check of the attribute) and ignored on the CPU.
 """
 

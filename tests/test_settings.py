@@ -28,7 +28,8 @@ def test_accepted_values(kernel, self_check, cpu_isa):
     ("cpu_isa", "avx2", "'generic'")])
 def test_bad_values_name_the_variable_and_the_choices(field, value, accepted):
     parsed = testing.parse_settings(**{field: value})
-    name = {"kernel": "JAX_MLA_KERNEL", "self_check": "JAX_MLA_SELFCHECK", "cpu_isa": "JAX_MLA_CPU_ISA"}[field]
+    name = {"kernel": "JAX_MLA_KERNEL", "self_check": "JAX_MLA_SELFCHECK",
+            "cpu_isa": "JAX_MLA_CPU_ISA"}[field]
     assert parsed[name] == (value, f"{name} must be {accepted} (or unset), got '{value}'")
 
 
