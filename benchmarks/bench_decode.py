@@ -11,7 +11,7 @@ FUSION, CUSTOM_CALL and DYNAMIC_SLICE_FUSION (each call's block table is tables[
 into the call as a dynamic-slice fusion; without that type no decode call was ever captured).
 --no-graphs adds no flag, so XLA's defaults apply; with jax 0.11.2 those captured the step as well
 (2026-12-03). Each row reports how many decode calls were actually traced into a graph
-(_ext.cuda_call_stats()): XLA runs a step's thunks one by one the first time (its warm-up),
+(_ext.testing.cuda_call_stats()): XLA runs a step's thunks one by one the first time (its warm-up),
 records the graph the second time (both are time_step's untimed warm-up runs), and replays it in the
 timed runs without calling the handler, so a captured row shows handler runs = 2 x calls and
 traced = calls.
@@ -119,7 +119,7 @@ def _decode_stats(jax_mla, backend):
     """(decode handler runs, of which traced into a CUDA graph) so far in this process; None off GPU."""
     if backend != "gpu":
         return None
-    st = jax_mla._ext.cuda_call_stats()
+    st = jax_mla._ext.testing.cuda_call_stats()
     return (int(st["decode_calls"]), int(st["decode_captured"]))
 
 
@@ -285,7 +285,7 @@ def main() -> int:
               f"{r['pct_bw']:6.1f} {r['pct_mm']:5.1f} {r['rel_err']:8.1e}")
     print("Peers (FlashMLA, FlashAttention-3) on the same GPU: benchmarks/bench_peers.py.")
     if backend == "gpu":
-        print(f"# CUDA handler: {jax_mla._ext.cuda_call_stats()}")
+        print(f"# CUDA handler: {jax_mla._ext.testing.cuda_call_stats()}")
     dump_json(partial=False)
     return 0
 

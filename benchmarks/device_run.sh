@@ -379,7 +379,7 @@ run_tmabw() {
 # calls, those captured into CUDA graphs, SM90 fused-merge launches).
 run_stats() {
   echo "== stats"
-  timeout 60 python3 -P -c "import jax_mla; print(jax_mla.kernel_info()); print(jax_mla._ext.cuda_call_stats())"
+  timeout 60 python3 -P -c "import jax_mla; print(jax_mla.kernel_info()); print(jax_mla._ext.testing.cuda_call_stats())"
 }
 
 # Steps run in the order given on the command line.

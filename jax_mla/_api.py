@@ -8,7 +8,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from . import _lowering, _sharding, _validate
+from . import _lowering, _sharding, _validate  # noqa: F401 (_lowering registers the FFI targets)
+from ._extension import ext
 from ._primitive import mla_decode_p, mla_decode_schedule_p
 
 _FALLBACK_NUM_SMS = 132  # H100/H200 SM count, used when no CUDA device is visible
@@ -16,7 +17,7 @@ _FALLBACK_NUM_SMS = 132  # H100/H200 SM count, used when no CUDA device is visib
 
 @functools.lru_cache(maxsize=None)
 def _num_sms() -> int:
-    n = int(_lowering._ext.cuda_sm_count())
+    n = int(ext.cuda_sm_count())
     return n if n > 0 else _FALLBACK_NUM_SMS
 
 
@@ -170,11 +171,11 @@ def kernel_info(device=None) -> dict:
     import jax
 
     device = jax.devices()[0] if device is None else device
-    built = list(_lowering._ext.built_kernels())
+    built = list(ext.built_kernels())
     if device.platform == "cpu":
         return dict(platform="cpu", device=str(device), kernel="cpu", built=built)
     if device.platform not in ("gpu", "cuda"):
         raise RuntimeError(f"kernel_info: jax_mla has no kernel for platform {device.platform!r}")
     ordinal = getattr(device, "local_hardware_id", None)
-    info = dict(_lowering._ext.kernel_info(int(device.id if ordinal is None else ordinal)))
+    info = dict(ext.kernel_info(int(device.id if ordinal is None else ordinal)))
     return dict(platform="cuda", device=str(device), built=built, **info)

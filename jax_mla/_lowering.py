@@ -7,7 +7,7 @@ Targets and their buffer order are the contract of docs/design.md ("FFI targets"
          kernel i32 (_validate.KERNELS; the CPU handler checks it and ignores it)
   jax_mla_decode_schedule(seq_lens) -> schedule; attrs num_parts i32
 
-The handlers come from the extension module (`_ext.registrations()`), registered once at import.
+The handlers come from the extension module (`ext.registrations()`), registered once at import.
 Lowering only emits a custom call by name, so the CUDA lowering is available on every machine
 (e.g. to export for GPU from a CPU-only host) even when this build has no CUDA handler; compiling
 it then needs a CUDA-enabled build.
@@ -21,15 +21,7 @@ import numpy as np
 from jax.interpreters import mlir
 
 from . import _primitive, _validate
-
-try:
-    from . import _ext
-except ImportError as e:  # pragma: no cover - depends on how the package was installed
-    raise ImportError(
-        "jax_mla: the compiled extension module jax_mla._ext is missing or failed to load "
-        f"({e}). Install the package with `python3 -m pip install .` so that it gets built. "
-        "When running from the source checkout, its jax_mla/ folder (which has no compiled module) "
-        "may shadow the installed package: run Python from another directory, or with -P.") from e
+from ._extension import ext
 
 DECODE_TARGET = "jax_mla_decode"
 SCHEDULE_TARGET = "jax_mla_decode_schedule"
@@ -42,7 +34,7 @@ def _register_targets() -> None:
     global _registered
     if _registered:
         return
-    for platform, targets in _ext.registrations().items():
+    for platform, targets in ext.registrations().items():
         for name, handler in targets.items():
             # `handler` is a capsule, or a dict of capsules keyed by FFI stage (e.g. the CUDA
             # decode target's "initialize" and "execute").
@@ -52,7 +44,7 @@ def _register_targets() -> None:
 
 def registered_platforms() -> tuple[str, ...]:
     """XLA platforms this build has handlers for ("cpu", and "CUDA" when built with CUDA)."""
-    return tuple(_ext.registrations().keys())
+    return tuple(ext.registrations().keys())
 
 
 _decode_ffi = jax.ffi.ffi_lowering(DECODE_TARGET)
@@ -78,7 +70,7 @@ def _decode_lowering_cuda(ctx, q, kv_cache, block_table, seq_lens, schedule, *, 
     # expose it: lower with one more result and drop it.
     b, s_q, h_q, _ = ctx.avals_in[0].shape
     _validate.check_gpu_page_size(ctx.avals_in[1].shape[1])
-    workspace = jax.core.ShapedArray((int(_ext.workspace_bytes(b, s_q * h_q, num_parts)),), np.uint8)
+    workspace = jax.core.ShapedArray((int(ext.workspace_bytes(b, s_q * h_q, num_parts)),), np.uint8)
     ctx_ws = ctx.replace(avals_out=[*ctx.avals_out, workspace])
     results = _decode_ffi(ctx_ws, q, kv_cache, block_table, seq_lens, schedule,
                           **_decode_attrs(softmax_scale, causal, num_parts, kernel))

@@ -19,21 +19,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Mirror cuda/common/config.h (tests check them against jax_mla._ext).
-HEAD_DIM_QK = 576
-HEAD_DIM_V = 512
-MAX_SEQ_Q = 8
-MAX_HEADS_Q = 128
-BLOCK_M = 64  # query rows per CTA / CPU task
-MIN_GPU_PAGE_SIZE = 16   # the GPU kernels need a power-of-two page size in this range
-MAX_GPU_PAGE_SIZE = 256
-PART_FIELDS = 8  # int32 fields per part in the schedule (cuda/common/scheduler.h)
-COMBINE_HEADER = 2  # int32 header of the schedule's combine list (count, many-split count)
-MANY_SPLITS = 8  # requests with more splits are listed first in the combine list
-# Values of jax_mla_decode's int32 attribute "kernel" (cuda/ffi/kernel_select.h, _ext.KERNELS).
-KERNELS = {"auto": 0, "sm90": 1, "sm100": 2, "portable": 3}
+from ._extension import KERNELS, LIMITS
+
+# The limits of cuda/runtime/limits.h, as the extension exports them: the handlers check the same
+# ones (tests/test_limits.py).
+HEAD_DIM_QK = LIMITS["HEAD_DIM_QK"]
+HEAD_DIM_V = LIMITS["HEAD_DIM_V"]
+MAX_SEQ_Q = LIMITS["MAX_SEQ_Q"]
+MAX_HEADS_Q = LIMITS["MAX_HEADS_Q"]
+BLOCK_M = LIMITS["BLOCK_M"]  # query rows per CTA / CPU task
+MIN_GPU_PAGE_SIZE = LIMITS["MIN_GPU_PAGE_SIZE"]  # the GPU kernels need a power-of-two page size
+MAX_GPU_PAGE_SIZE = LIMITS["MAX_GPU_PAGE_SIZE"]  # in [MIN_GPU_PAGE_SIZE, MAX_GPU_PAGE_SIZE]
+PART_FIELDS = LIMITS["PART_FIELDS"]  # int32 fields per part in the schedule (cuda/common/scheduler.h)
+COMBINE_HEADER = LIMITS["COMBINE_HEADER"]  # int32 header of the schedule's combine list
+MANY_SPLITS = LIMITS["MANY_SPLITS"]  # requests with more splits are listed first in the combine list
+_INT32_MAX = LIMITS["INT32_MAX"]
+# KERNELS: values of jax_mla_decode's int32 attribute "kernel" (cuda/runtime/kernel_select.h).
 _KERNEL_CHOICES = ", ".join(repr(k) for k in KERNELS)
-_INT32_MAX = 2**31 - 1
 
 _FLOAT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(np.float16))
 _INT32 = np.dtype(np.int32)
@@ -67,6 +69,20 @@ def _dtype(x: Any) -> np.dtype:
 
 def _dtype_name(dt: np.dtype) -> str:
     return np.dtype(dt).name
+
+
+def _check_int32(x: Any, name: str, where: str, hint: bool = True) -> None:
+    dt = _dtype(x)
+    if dt != _INT32:
+        advice = " (convert it explicitly, e.g. with .astype(jnp.int32))" if hint else ""
+        raise TypeError(f"{where}: {name} must have dtype int32, got {_dtype_name(dt)}{advice}")
+
+
+def _check_same_dtype(x: Any, name: str, dtype: np.dtype, other: str, where: str, hint: str = "") -> None:
+    dt = _dtype(x)
+    if dt != dtype:
+        raise TypeError(f"{where}: {name} must have the same dtype as {other} ({_dtype_name(dtype)}), "
+                        f"got {_dtype_name(dt)}{hint}")
 
 
 def is_concrete(x: Any) -> bool:
@@ -114,11 +130,7 @@ def _check_block_table(block_table: Any, b: int, b_source: str, where: str) -> t
             f"{b_source}, got shape {bt_shape}")
     if bt_shape[1] < 1:
         raise ValueError(f"{where}: block_table must have at least one column, got shape {bt_shape}")
-    bt_dtype = _dtype(block_table)
-    if bt_dtype != _INT32:
-        raise TypeError(
-            f"{where}: block_table must have dtype int32, got {_dtype_name(bt_dtype)} "
-            f"(convert it explicitly, e.g. with .astype(jnp.int32))")
+    _check_int32(block_table, "block_table", where)
     return bt_shape
 
 
@@ -149,11 +161,7 @@ def check_decode_operands(q: Any, kv_cache: Any, block_table: Any, seq_lens: Any
         raise TypeError(f"{where}: q must have dtype bfloat16 or float16, got {_dtype_name(q_dtype)}")
 
     num_pages, page_size = _check_kv_cache_shape(kv_cache, where)
-    kv_dtype = _dtype(kv_cache)
-    if kv_dtype != q_dtype:
-        raise TypeError(
-            f"{where}: kv_cache must have the same dtype as q ({_dtype_name(q_dtype)}), "
-            f"got {_dtype_name(kv_dtype)}")
+    _check_same_dtype(kv_cache, "kv_cache", q_dtype, "q", where)
 
     bt_shape = _check_block_table(block_table, b, "q", where)
 
@@ -161,11 +169,7 @@ def check_decode_operands(q: Any, kv_cache: Any, block_table: Any, seq_lens: Any
     if sl_shape != (b,):
         raise ValueError(
             f"{where}: seq_lens must have shape (b,) = ({b},) with b from q, got shape {sl_shape}")
-    sl_dtype = _dtype(seq_lens)
-    if sl_dtype != _INT32:
-        raise TypeError(
-            f"{where}: seq_lens must have dtype int32, got {_dtype_name(sl_dtype)} "
-            f"(convert it explicitly, e.g. with .astype(jnp.int32))")
+    _check_int32(seq_lens, "seq_lens", where)
 
     return DecodeDims(b, s_q, h_q, num_pages, page_size, bt_shape[1])
 
@@ -283,11 +287,7 @@ def check_seq_lens_only(seq_lens: Any, where: str = "decode_schedule") -> int:
     shape = _shape(seq_lens)
     if len(shape) != 1 or shape[0] < 1:
         raise ValueError(f"{where}: seq_lens must have shape (b,) with b >= 1, got shape {shape}")
-    dt = _dtype(seq_lens)
-    if dt != _INT32:
-        raise TypeError(
-            f"{where}: seq_lens must have dtype int32, got {_dtype_name(dt)} "
-            f"(convert it explicitly, e.g. with .astype(jnp.int32))")
+    _check_int32(seq_lens, "seq_lens", where)
     return shape[0]
 
 
@@ -306,12 +306,11 @@ def schedule_num_parts(schedule: Any, batch: int, where: str = "mla_decode") -> 
     parts, rem = divmod(n - schedule_size(batch, 0), PART_FIELDS)
     if len(shape) != 1 or rem != 0 or parts < 1:
         raise ValueError(
-            f"{where}: schedule must have shape (num_parts * {PART_FIELDS} + 2 * b + 3,) with b = {batch} "
+            f"{where}: schedule must have shape (num_parts * {PART_FIELDS} + 2 * b + {COMBINE_HEADER + 1},) "
+            f"with b = {batch} "
             f"and num_parts >= 1 (as returned by decode_schedule for the same seq_lens), "
             f"got shape {shape}")
-    dt = _dtype(schedule)
-    if dt != _INT32:
-        raise TypeError(f"{where}: schedule must have dtype int32, got {_dtype_name(dt)}")
+    _check_int32(schedule, "schedule", where, hint=False)
     return parts
 
 
@@ -321,11 +320,10 @@ def check_schedule_operand(schedule: Any, batch: int, num_parts: int, where: str
     expected = schedule_size(batch, num_parts)
     if shape not in ((0,), (expected,)):
         raise ValueError(
-            f"{where}: schedule must have shape (0,) or (num_parts * {PART_FIELDS} + 2 * b + 3,) = "
+            f"{where}: schedule must have shape (0,) or "
+            f"(num_parts * {PART_FIELDS} + 2 * b + {COMBINE_HEADER + 1},) = "
             f"({expected},) for num_parts = {num_parts}, b = {batch}, got shape {shape}")
-    dt = _dtype(schedule)
-    if dt != _INT32:
-        raise TypeError(f"{where}: schedule must have dtype int32, got {_dtype_name(dt)}")
+    _check_int32(schedule, "schedule", where, hint=False)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -360,11 +358,8 @@ def check_cache_update_operands(kv_cache: Any, new_latent: Any, block_table: Any
     if b < 1 or s_new < 1:
         raise ValueError(
             f"{where}: new_latent must have b >= 1 requests and s_new >= 1 tokens, got shape {nl_shape}")
-    nl_dtype = _dtype(new_latent)
-    if nl_dtype != kv_dtype:
-        raise TypeError(
-            f"{where}: new_latent must have the same dtype as kv_cache ({_dtype_name(kv_dtype)}), "
-            f"got {_dtype_name(nl_dtype)} (convert it explicitly, e.g. with .astype(kv_cache.dtype))")
+    _check_same_dtype(new_latent, "new_latent", kv_dtype, "kv_cache", where,
+                      hint=" (convert it explicitly, e.g. with .astype(kv_cache.dtype))")
 
     bt_shape = _check_block_table(block_table, b, "new_latent", where)
 
@@ -373,16 +368,18 @@ def check_cache_update_operands(kv_cache: Any, new_latent: Any, block_table: Any
         raise ValueError(
             f"{where}: positions must have shape (b, s_new) = ({b}, {s_new}) like new_latent's first "
             f"two dimensions, got shape {pos_shape}")
-    pos_dtype = _dtype(positions)
-    if pos_dtype != _INT32:
-        raise TypeError(
-            f"{where}: positions must have dtype int32, got {_dtype_name(pos_dtype)} "
-            f"(convert it explicitly, e.g. with .astype(jnp.int32))")
+    _check_int32(positions, "positions", where)
     if num_pages + b * s_new > _INT32_MAX:
         raise ValueError(
             f"{where}: kv_cache has {num_pages} pages; with {b * s_new} new tokens the page indices "
             f"no longer fit in int32")
     return CacheUpdateDims(b, s_new, num_pages, page_size, bt_shape[1])
+
+
+def _first_true(mask: np.ndarray) -> tuple[int, ...] | None:
+    """Index of the first True element of mask (row-major), or None."""
+    hits = np.argwhere(mask)
+    return tuple(int(v) for v in hits[0]) if hits.size else None
 
 
 def check_concrete_positions(positions: Any, block_table: Any, dims: CacheUpdateDims,
@@ -394,9 +391,9 @@ def check_concrete_positions(positions: Any, block_table: Any, dims: CacheUpdate
         return
     pos = np.asarray(positions)
     capacity = dims.max_pages * dims.page_size
-    bad = np.argwhere(pos >= capacity)
-    if bad.size:
-        r, t = (int(v) for v in bad[0])
+    bad = _first_true(pos >= capacity)
+    if bad:
+        r, t = bad
         raise ValueError(
             f"{where}: positions must be < max_pages * page_size = {dims.max_pages} * "
             f"{dims.page_size} = {capacity} (or negative for padding, not written), "
@@ -407,9 +404,9 @@ def check_concrete_positions(positions: Any, block_table: Any, dims: CacheUpdate
     written = pos >= 0
     cols = np.where(written, pos // dims.page_size, 0)
     pages = np.take_along_axis(table, cols, axis=1)
-    bad = np.argwhere(written & ((pages < 0) | (pages >= dims.num_pages)))
-    if bad.size:
-        r, t = (int(v) for v in bad[0])
+    bad = _first_true(written & ((pages < 0) | (pages >= dims.num_pages)))
+    if bad:
+        r, t = bad
         raise ValueError(
             f"{where}: the page written by each new token must be a page id in [0, num_pages) = "
             f"[0, {dims.num_pages}), got block_table[{r}, {int(cols[r, t])}] = {int(pages[r, t])} "

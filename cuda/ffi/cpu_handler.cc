@@ -3,7 +3,8 @@
 // The handlers only validate, fill DecodeParams and call the CPU kernel (cuda/cpu). Unlike the
 // GPU handlers they can read the data on the host, so the run-time checks (seq_lens against
 // the block table, page ids, a caller-provided schedule) end the op with an error instead of
-// producing NaN rows.
+// producing NaN rows. A value of JAX_MLA_CPU_ISA that runtime/settings.h does not accept fails
+// every decode.
 #include <cstdint>
 #include <memory>
 #include <new>
@@ -14,6 +15,7 @@
 #include "cpu/decode_cpu.h"
 #include "ffi/decode_args.h"
 #include "ffi/handlers.h"
+#include "runtime/settings.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -57,13 +59,17 @@ ffi::Error decode_cpu_impl(ffi::AnyBuffer q,            // (b, s_q, h_q, 576) bf
                            ffi::Result<ffi::AnyBuffer> lse,  // (b, s_q, h_q) f32
                            float softmax_scale, bool causal, int32_t num_parts,
                            int32_t kernel) {  // which GPU kernel: validated, then ignored here
-  DecodeParams p;
+  ffi_args::DecodeShape shape;
   if (ffi::Error e = ffi_args::check_decode(q, kv_cache, block_table, seq_lens, schedule, *out, *lse, softmax_scale,
-                                            causal, num_parts, &p);
+                                            num_parts, kernel, &shape);
       e.failure()) {
     return e;
   }
-  if (ffi::Error e = ffi_args::check_kernel(kernel); e.failure()) return e;
+  if (const Setting<CpuIsa>& isa = settings().cpu_isa; !isa.ok()) {
+    return invalid_argument(kDecodeTarget, isa.error);
+  }
+  DecodeParams p = ffi_args::decode_params(shape, q, kv_cache, block_table, seq_lens, schedule, *out, *lse,
+                                           softmax_scale, causal);
   if (p.batch == 0) return ffi::Error::Success();
   if (ffi::Error e = check_requests(p); e.failure()) return e;
 

@@ -1,20 +1,21 @@
 // Static checks of the jax_mla_decode / jax_mla_decode_schedule buffers and attributes (what can
-// be checked without reading device data), and the DecodeParams they describe. Header-only so
-// that the CPU handler and the CUDA handler report the same messages for the same mistakes.
+// be checked without reading device data), against the limits of runtime/limits.h, and the
+// DecodeParams a valid call describes. Header-only so that the CPU handler and the CUDA handler
+// report the same messages for the same mistakes.
 //
 // Buffer order and shapes are the contract of docs/design.md ("FFI targets").
 #pragma once
 
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <sstream>
 #include <string>
 
 #include "common/config.h"
 #include "common/params.h"
 #include "common/scheduler.h"
-#include "ffi/kernel_select.h"
+#include "runtime/kernel_select.h"
+#include "runtime/limits.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_mla {
@@ -54,11 +55,16 @@ inline const char* dtype_name(ffi::DataType t) {
   }
 }
 
-inline constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
+// The problem a valid jax_mla_decode call describes.
+struct DecodeShape {
+  int batch = 0, seq_q = 0, heads_q = 0, rows = 0;  // rows = seq_q * heads_q
+  int num_pages = 0, page_size = 0, max_pages = 0;
+  int num_parts = 0;
+  DType dtype = DType::kBF16;
+  bool schedule_given = false;  // false: the schedule operand has shape (0,), plan it in the op
+};
 
-// Checks the operands and results of jax_mla_decode and fills every field of `params` except
-// the split-KV scratch pointers (partial_lse, partial_out), which are platform specific, and
-// `schedule`, which is null when the schedule operand has shape (0,) (compute it in the op).
+// Checks the operands, results and attributes of jax_mla_decode; on success `shape` describes them.
 inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576) bf16 | f16
                                ffi::AnyBuffer kv_cache,     // (num_pages, page_size, 576) q's dtype
                                ffi::AnyBuffer block_table,  // (b, max_pages) s32
@@ -66,7 +72,7 @@ inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576
                                ffi::AnyBuffer schedule,     // (0,) or (schedule_size(b, num_parts),) s32
                                ffi::AnyBuffer out,          // (b, s_q, h_q, 512) q's dtype
                                ffi::AnyBuffer lse,          // (b, s_q, h_q) f32
-                               float softmax_scale, bool causal, int32_t num_parts, DecodeParams* params) {
+                               float softmax_scale, int32_t num_parts, int32_t kernel, DecodeShape* shape) {
   constexpr const char* kTarget = "jax_mla_decode";
 
   // q fixes b, s_q, h_q and the dtype; everything else is checked against it.
@@ -156,39 +162,52 @@ inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576
     return invalid_argument(kTarget, "softmax_scale must be positive and finite, got ", softmax_scale);
   }
 
-  DecodeParams& p = *params;
-  p = DecodeParams{};
-  p.batch = static_cast<int>(batch);
-  p.seq_q = static_cast<int>(seq_q);
-  p.heads_q = static_cast<int>(heads_q);
-  p.rows = static_cast<int>(seq_q * heads_q);
-  p.num_pages = static_cast<int>(num_pages);
-  p.page_size = static_cast<int>(page_size);
-  p.max_pages = static_cast<int>(max_pages);
-  p.num_parts = num_parts;
-  p.dtype = dtype == ffi::DataType::BF16 ? DType::kBF16 : DType::kF16;
+  // The `kernel` attribute (kernel_select.h). The CPU handler then ignores it (one CPU kernel).
+  Kernel k;
+  if (!kernel_from_attr(kernel, &k)) return invalid_argument(kTarget, kernel_attr_error(kernel));
+
+  DecodeShape& d = *shape;
+  d.batch = static_cast<int>(batch);
+  d.seq_q = static_cast<int>(seq_q);
+  d.heads_q = static_cast<int>(heads_q);
+  d.rows = static_cast<int>(seq_q * heads_q);
+  d.num_pages = static_cast<int>(num_pages);
+  d.page_size = static_cast<int>(page_size);
+  d.max_pages = static_cast<int>(max_pages);
+  d.num_parts = num_parts;
+  d.dtype = dtype == ffi::DataType::BF16 ? DType::kBF16 : DType::kF16;
+  d.schedule_given = schd[0] != 0;
+  return ffi::Error::Success();
+}
+
+// The DecodeParams of a checked call: every field except the split-KV scratch pointers
+// (partial_lse, partial_out, merge_counters), which are platform specific; `schedule` is null when
+// the call passed none (plan it in the op).
+inline DecodeParams decode_params(const DecodeShape& d, ffi::AnyBuffer q, ffi::AnyBuffer kv_cache,
+                                  ffi::AnyBuffer block_table, ffi::AnyBuffer seq_lens, ffi::AnyBuffer schedule,
+                                  ffi::AnyBuffer out, ffi::AnyBuffer lse, float softmax_scale, bool causal) {
+  DecodeParams p{};
+  p.batch = d.batch;
+  p.seq_q = d.seq_q;
+  p.heads_q = d.heads_q;
+  p.rows = d.rows;
+  p.num_pages = d.num_pages;
+  p.page_size = d.page_size;
+  p.max_pages = d.max_pages;
+  p.num_parts = d.num_parts;
+  p.dtype = d.dtype;
   p.softmax_scale = softmax_scale;
   p.causal = causal;
   p.q = q.untyped_data();
   p.kv_cache = kv_cache.untyped_data();
   p.block_table = static_cast<const int32_t*>(block_table.untyped_data());
   p.seq_lens = static_cast<const int32_t*>(seq_lens.untyped_data());
-  p.schedule = schd[0] == 0 ? nullptr : static_cast<const int32_t*>(schedule.untyped_data());
+  p.schedule = d.schedule_given ? static_cast<const int32_t*>(schedule.untyped_data()) : nullptr;
   p.out = out.untyped_data();
   p.lse = static_cast<float*>(lse.untyped_data());
   p.partial_lse = nullptr;
   p.partial_out = nullptr;
-  return ffi::Error::Success();
-}
-
-// The `kernel` attribute of jax_mla_decode (kernel_select.h). Checked by both handlers; the CPU
-// handler then ignores it (there is one CPU kernel).
-inline ffi::Error check_kernel(int32_t kernel) {
-  Kernel k;
-  if (!kernel_from_attr(kernel, &k)) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, std::string("jax_mla_decode: ") + kernel_attr_error(kernel));
-  }
-  return ffi::Error::Success();
+  return p;
 }
 
 // Checks the operand, result and attribute of jax_mla_decode_schedule; returns the batch size.

@@ -122,7 +122,7 @@ def test_vmap_drops_a_passed_schedule_and_nests():
     q, kv, bt, sl = stack(INSTANCES)
     scheds = jax.vmap(lambda s: jax_mla.decode_schedule(s, num_heads=3, seq_q=2, num_parts=5))(sl)
     for v in range(3):
-        np.testing.assert_array_equal(np.asarray(scheds[v]), _ext.plan_schedule(sl[v], 5))
+        np.testing.assert_array_equal(np.asarray(scheds[v]), _ext.testing.plan_schedule(sl[v], 5))
     got = jax.vmap(decode)(q, kv, bt, sl, scheds)
     assert_agree(got, per_instance(INSTANCES), BASE.dtype)
     # Two levels of vmap: (2, 3) instances.

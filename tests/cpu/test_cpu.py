@@ -136,18 +136,9 @@ def test_default_num_parts():
         assert sched.shape == (want * 8 + 2 * 3 + 3,), (s_q, h_q)
 
 
-def test_constants_match_extension():
-    assert _validate.HEAD_DIM_QK == _ext.HEAD_DIM_QK == 576
-    assert _validate.HEAD_DIM_V == _ext.HEAD_DIM_V == 512
-    assert _validate.BLOCK_M == _ext.BLOCK_M
-    assert cases.BLOCK_N == _ext.BLOCK_N
-    assert _validate.MAX_SEQ_Q == _ext.MAX_SEQ_Q
-    assert _validate.MAX_HEADS_Q == _ext.MAX_HEADS_Q
+def test_schedule_size_matches_extension():
     for b, n in [(1, 1), (5, 7), (128, 132)]:
-        assert _validate.schedule_size(b, n) == _ext.schedule_size(b, n)
-    assert _validate.PART_FIELDS == _ext.PART_FIELDS
-    assert _validate.COMBINE_HEADER == _ext.COMBINE_HEADER
-    assert _validate.MANY_SPLITS == _ext.MANY_SPLITS
+        assert _validate.schedule_size(b, n) == _ext.testing.schedule_size(b, n)
 
 
 def check_schedule_invariants(schedule, seq_lens, num_parts):
@@ -215,7 +206,7 @@ def test_schedule_invariants_and_host_planner(seed):
     seq_lens = np.where(rng.random(b) < 0.5, rng.choice(kinds, b), rng.integers(0, 9000, b))
     seq_lens = seq_lens.astype(np.int32)
     for num_parts in (1, 2, 3, 7, 64, 132, 300):
-        host = _ext.plan_schedule(seq_lens, num_parts)
+        host = _ext.testing.plan_schedule(seq_lens, num_parts)
         check_schedule_invariants(host, seq_lens, num_parts)
         op = jax_mla.decode_schedule(seq_lens, num_heads=64, num_parts=num_parts)
         np.testing.assert_array_equal(np.asarray(op), host)
@@ -224,7 +215,7 @@ def test_schedule_invariants_and_host_planner(seed):
 def _schedule_summary(seq_lens, num_parts):
     """(non-empty parts, total workspace slots, requests in the combine list) of the host plan."""
     b = len(seq_lens)
-    s = np.asarray(_ext.plan_schedule(np.asarray(seq_lens, np.int32), num_parts))
+    s = np.asarray(_ext.testing.plan_schedule(np.asarray(seq_lens, np.int32), num_parts))
     info = s[:num_parts * 8].reshape(num_parts, 8)
     used = int(sum(info[p, 0] <= info[p, 2] for p in range(num_parts)))
     return used, int(s[num_parts * 8 + b]), int(s[num_parts * 8 + b + 1])
@@ -253,7 +244,7 @@ def test_uniform_batch_gets_whole_request_parts():
 
 def test_schedule_invariant_check_can_fail():
     seq_lens = np.array([100, 700, 5], np.int32)
-    good = np.asarray(_ext.plan_schedule(seq_lens, 4))
+    good = np.asarray(_ext.testing.plan_schedule(seq_lens, 4))
     check_schedule_invariants(good, seq_lens, 4)
     for field in (1, 3, 4):  # begin_block, end_block, begin_slot of some non-empty part
         bad = good.copy()
@@ -276,7 +267,7 @@ def test_combine_list_of_host_planner(seed):
     b = int(rng.choice([1, 2, 3, 17, 64, 200]))
     seq_lens = many_and_few_lens(rng, b)
     for num_parts in (1, 2, 9, 66, 132, 1000):
-        host = _ext.plan_schedule(seq_lens, num_parts)
+        host = _ext.testing.plan_schedule(seq_lens, num_parts)
         check_schedule_invariants(host, seq_lens, num_parts)
         op = jax_mla.decode_schedule(seq_lens, num_heads=16, num_parts=num_parts)
         np.testing.assert_array_equal(np.asarray(op), host)
@@ -292,20 +283,20 @@ def test_combine_list_classes_at_the_threshold():
     for seq_len, splits, tail in [(lens[0], many, [1, 0, 0]),   # listed, few-split class
                                   (lens[1], many + 1, [1, 1, 0]),  # listed, many-split class
                                   (64, 1, [0, 0, -1])]:           # one split: not listed
-        sched = np.asarray(_ext.plan_schedule(np.array([seq_len], np.int32), num_parts))
+        sched = np.asarray(_ext.testing.plan_schedule(np.array([seq_len], np.int32), num_parts))
         assert sched[num_parts * 8 + 1] - sched[num_parts * 8] == splits, seq_len
         assert list(sched[head:]) == tail, seq_len
     for seq_lens in ([0, lens[1], 64, 0], [lens[0], 0, lens[1]], [0, 0, 0]):
         seq_lens = np.array(seq_lens, np.int32)
-        check_schedule_invariants(_ext.plan_schedule(seq_lens, num_parts), seq_lens, num_parts)
-    sched = np.asarray(_ext.plan_schedule(np.zeros(3, np.int32), num_parts))
+        check_schedule_invariants(_ext.testing.plan_schedule(seq_lens, num_parts), seq_lens, num_parts)
+    sched = np.asarray(_ext.testing.plan_schedule(np.zeros(3, np.int32), num_parts))
     assert list(sched[num_parts * 8 + 3 + 1:]) == [3, 0, 0, 1, 2]  # all empty: all listed
 
 
 def test_combine_list_check_can_fail():
     seq_lens = np.array([0, 9000, 64, 700, 0], np.int32)
     num_parts = 40
-    good = np.asarray(_ext.plan_schedule(seq_lens, num_parts))
+    good = np.asarray(_ext.testing.plan_schedule(seq_lens, num_parts))
     check_schedule_invariants(good, seq_lens, num_parts)
     head = num_parts * 8 + len(seq_lens) + 1
     count, many = good[head:head + 2]
@@ -329,7 +320,7 @@ def test_decode_with_many_and_few_split_requests(num_parts):
     case = cases.Case(lens=(0, 6000, 64, 0, 700, 3, 12000, 0), s_q=2, h_q=4, page_size=32,
                       causal=True, seed=31)
     data = cases.make(case)
-    sched = np.asarray(_ext.plan_schedule(data.seq_lens, num_parts))
+    sched = np.asarray(_ext.testing.plan_schedule(data.seq_lens, num_parts))
     check_schedule_invariants(sched, data.seq_lens, num_parts)
     splits = np.diff(sched[num_parts * 8:num_parts * 8 + case.b + 1])
     assert (splits == 0).any() and (splits == 1).any() and (splits > 1).any()

@@ -32,7 +32,7 @@ def ffi_decode(q, kv_cache, block_table, seq_lens, schedule=NO_SCHEDULE, *, soft
 
 
 def ffi_schedule(seq_lens, num_parts):
-    size = _ext.schedule_size(seq_lens.shape[0], num_parts)
+    size = _ext.testing.schedule_size(seq_lens.shape[0], num_parts)
     call = jax.ffi.ffi_call("jax_mla_decode_schedule", jax.ShapeDtypeStruct((size,), jnp.int32))
     return np.asarray(call(seq_lens, num_parts=np.int32(num_parts)))
 
@@ -71,8 +71,13 @@ def make_inputs(seed, b, s_q, h_q, page, seq_lens, dtype):
 
 
 def test_module_surface():
-    assert (_ext.HEAD_DIM_QK, _ext.HEAD_DIM_V, _ext.BLOCK_M, _ext.BLOCK_N) == (576, 512, 64, 64)
-    assert (_ext.MAX_SEQ_Q, _ext.MAX_HEADS_Q) == (8, 128)
+    limits = _ext.limits()
+    assert [limits[k] for k in ("HEAD_DIM_QK", "HEAD_DIM_V", "BLOCK_M", "BLOCK_N")] == [576, 512, 64, 64]
+    assert (limits["MAX_SEQ_Q"], limits["MAX_HEADS_Q"]) == (8, 128)
+    # What only tests and benchmarks use is in the private submodule, not the module itself.
+    for name in ("plan_schedule", "schedule_size", "select_kernel", "auto_candidate", "cuda_call_stats",
+                 "parse_settings"):
+        assert hasattr(_ext.testing, name) and not hasattr(_ext, name), name
     assert isinstance(_ext.has_cuda(), bool)
     assert _ext.cuda_sm_count() >= 0
     if not _ext.has_cuda():
@@ -96,32 +101,33 @@ def test_registrations_format():
 
 def test_sizes():
     # parts, split_offsets (b + 1), combine list header (2) and entries (b).
-    assert _ext.schedule_size(3, 5) == 5 * 8 + (3 + 1) + 2 + 3
+    assert _ext.testing.schedule_size(3, 5) == 5 * 8 + (3 + 1) + 2 + 3
     # schedule, then partial lse (max_splits = b + parts slots, 256-byte aligned), then partial out,
     # then the SM90 split merge's arrival counters: (b, ceil(rows / 64)) int32.
     b, rows, parts = 3, 32, 5
-    lse_offset = -(-_ext.schedule_size(b, parts) * 4 // 256) * 256
+    lse_offset = -(-_ext.testing.schedule_size(b, parts) * 4 // 256) * 256
     out_offset = lse_offset + -(-(b + parts) * rows * 4 // 256) * 256
     counters_offset = out_offset + (b + parts) * rows * 512 * 4
     assert _ext.workspace_bytes(b, rows, parts) == counters_offset + b * 1 * 4
     rows = 130  # three row blocks
-    lse_offset = -(-_ext.schedule_size(2, parts) * 4 // 256) * 256
+    lse_offset = -(-_ext.testing.schedule_size(2, parts) * 4 // 256) * 256
     out_offset = lse_offset + -(-(2 + parts) * rows * 4 // 256) * 256
     assert _ext.workspace_bytes(2, rows, parts) == out_offset + (2 + parts) * rows * 512 * 4 + 2 * 3 * 4
     with pytest.raises(ValueError):
-        _ext.schedule_size(3, 0)
+        _ext.testing.schedule_size(3, 0)
     with pytest.raises(ValueError):
-        _ext.plan_schedule(np.array([1, 2], np.int32), 0)
+        _ext.testing.plan_schedule(np.array([1, 2], np.int32), 0)
 
 
 def test_plan_schedule_matches_ffi_target():
     seq_lens = np.array([0, 1, 64, 65, 5000, 3, 0, 777], np.int32)
     for parts in (1, 2, 7, 132):
-        host = _ext.plan_schedule(seq_lens, parts)
-        assert host.dtype == np.int32 and host.shape == (_ext.schedule_size(8, parts),)
+        host = _ext.testing.plan_schedule(seq_lens, parts)
+        assert host.dtype == np.int32 and host.shape == (_ext.testing.schedule_size(8, parts),)
         np.testing.assert_array_equal(ffi_schedule(seq_lens, parts), host)
     # Other integer arrays are converted.
-    np.testing.assert_array_equal(_ext.plan_schedule(seq_lens.astype(np.int64), 7), _ext.plan_schedule(seq_lens, 7))
+    plan = _ext.testing.plan_schedule
+    np.testing.assert_array_equal(plan(seq_lens.astype(np.int64), 7), plan(seq_lens, 7))
 
 
 @pytest.mark.parametrize(
@@ -136,7 +142,7 @@ def test_plan_schedule_matches_ffi_target():
 )
 def test_decode_matches_float64(b, s_q, h_q, page, seq_lens, dtype, causal, num_parts, pass_schedule):
     q, kv, table, lens = make_inputs(0, b, s_q, h_q, page, seq_lens, dtype)
-    schedule = _ext.plan_schedule(lens, num_parts) if pass_schedule else NO_SCHEDULE
+    schedule = _ext.testing.plan_schedule(lens, num_parts) if pass_schedule else NO_SCHEDULE
     out, lse = ffi_decode(q, kv, table, lens, schedule, causal=causal, num_parts=num_parts)
     ref_out, ref_lse = reference(q, kv, table, lens, 576**-0.5, causal)
     assert out.dtype == dtype and lse.dtype == np.float32
@@ -163,7 +169,7 @@ def test_masked_nan_does_not_leak():
          "seq_lens[1] = 900 exceeds block_table capacity 2 pages x 256 = 512"),
         (lambda a: a.update(seq_lens=np.array([-1, 5], np.int32)), "seq_lens[0] = -1 is negative"),
         (lambda a: a["block_table"].__setitem__((1, 1), 99), "block_table[1, 1] = 99 is not a page of kv_cache"),
-        (lambda a: a.update(schedule=_ext.plan_schedule(np.array([300, 100], np.int32), 4)),
+        (lambda a: a.update(schedule=_ext.testing.plan_schedule(np.array([300, 100], np.int32), 4)),
          "schedule does not match seq_lens"),
         (lambda a: a.update(schedule=np.zeros(3, np.int32)), "schedule must have shape (0,) or (schedule_size(b=2"),
         (lambda a: a.update(num_parts=0), "num_parts must be >= 1"),

@@ -1,9 +1,9 @@
 """Kernel selection and the `kernel` argument, on the CPU.
 
-The CUDA handler's choice (cuda/ffi/kernel_select.h) is a pure function exposed as
-jax_mla._ext.select_kernel: it is checked here against the documented rules for every combination
-of compute capability, kernel argument, JAX_MLA_KERNEL, JAX_MLA_SELFCHECK, kernels in the build and
-self-check outcome, plus hand-picked cases with their exact messages. The argument itself is
+The CUDA handler's choice (cuda/runtime/kernel_select.h) is a pure function exposed as
+jax_mla._ext.testing.select_kernel: it is checked here against the documented rules for every
+combination of compute capability, kernel argument, JAX_MLA_KERNEL, JAX_MLA_SELFCHECK, kernels in the
+build and self-check outcome, plus hand-picked cases with their exact messages. The argument itself is
 validated at trace time (same words as the handlers' check of the attribute) and ignored on the CPU.
 """
 
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("on_cpu")  # jax's default device: the CPU 
 
 def select(cc, kernel="auto", env=None, self_check="not run", built=("sm90",), mode=""):
     attr = _ext.KERNELS[kernel] if isinstance(kernel, str) else kernel
-    return _ext.select_kernel(cc[0], cc[1], attr, env=env, self_check=self_check, built=list(built),
+    return _ext.testing.select_kernel(cc[0], cc[1], attr, env=env, self_check=self_check, built=list(built),
                               self_check_mode=mode)
 
 
@@ -55,24 +55,24 @@ def test_auto_on_sm100_needs_the_self_check():
         assert select(cc, built=built, self_check="passed")["kernel"] == "sm100"
         assert select(cc, built=built, self_check="failed") == dict(kernel="portable", fell_back=True,
                                                                    needs_self_check=False)
-    assert _ext.auto_candidate(10, 0, built=list(built)) == ("sm100", True)
-    assert _ext.auto_candidate(10, 3, built=["sm100"]) == ("portable", False)  # no sm_103a cubin
+    assert _ext.testing.auto_candidate(10, 0, built=list(built)) == ("sm100", True)
+    assert _ext.testing.auto_candidate(10, 3, built=["sm100"]) == ("portable", False)  # no sm_103a cubin
     assert select((10, 3), built=("sm100",))["kernel"] == "portable"
     assert select((10, 1), built=built)["kernel"] == "portable"  # arch-specific cubins run on 10.0 / 10.3 only
 
 
 def test_sm90_self_check_only_when_forced():
-    assert _ext.auto_candidate(9, 0) == ("sm90", False)
+    assert _ext.testing.auto_candidate(9, 0) == ("sm90", False)
     for mode in ("force", "fault"):
-        assert _ext.auto_candidate(9, 0, self_check_mode=mode) == ("sm90", True)
+        assert _ext.testing.auto_candidate(9, 0, self_check_mode=mode) == ("sm90", True)
         assert select((9, 0), mode=mode)["needs_self_check"]
         assert select((9, 0), mode=mode, self_check="passed")["kernel"] == "sm90"
         assert select((9, 0), mode=mode, self_check="failed") == dict(kernel="portable", fell_back=True,
                                                                      needs_self_check=False)
     # Forcing changes nothing where auto has no candidate to check.
-    assert _ext.auto_candidate(8, 6, self_check_mode="force") == ("portable", False)
+    assert _ext.testing.auto_candidate(8, 6, self_check_mode="force") == ("portable", False)
     with pytest.raises(ValueError, match="JAX_MLA_SELFCHECK must be 'force' or 'fault' \\(or unset\\), got 'on'"):
-        _ext.auto_candidate(9, 0, self_check_mode="on")
+        _ext.testing.auto_candidate(9, 0, self_check_mode="on")
 
 
 def test_explicit_requests_and_their_errors():
@@ -219,7 +219,7 @@ def test_python_and_handler_messages_agree():
     with pytest.raises(ValueError) as py:
         decode(*DATA.args, kernel="x")
     with pytest.raises(ValueError) as cc:
-        _ext.select_kernel(9, 0, 7)
+        _ext.testing.select_kernel(9, 0, 7)
     prefix = f"kernel must be one of {CHOICES}"
     assert prefix in str(py.value) and str(cc.value).startswith(prefix)
 

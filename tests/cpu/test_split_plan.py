@@ -63,8 +63,8 @@ def line_plan(seq_lens, num_parts):
             continue
         r0, r1 = request_of_unit(x0), request_of_unit(x1 - 1)
         parts[p, :5] = (r0, block_at(r0, x0), r1, block_at(r1, x1), offsets[r0] + p - (C[r0] + OVERHEAD) // w)
-    many = [r for r in range(b) if splits[r] > _ext.MANY_SPLITS]
-    few = [r for r in range(b) if splits[r] != 1 and splits[r] <= _ext.MANY_SPLITS]
+    many = [r for r in range(b) if splits[r] > _ext.limits()["MANY_SPLITS"]]
+    few = [r for r in range(b) if splits[r] != 1 and splits[r] <= _ext.limits()["MANY_SPLITS"]]
     entries = many + few + [-1] * (b - len(many) - len(few))
     return np.concatenate([parts.ravel(), offsets, [len(many) + len(few), len(many)], entries]).astype(np.int32)
 
@@ -146,7 +146,7 @@ def test_the_plan_is_valid_and_one_of_the_two(seed):
     plan or the line; and the op's schedule (decode_schedule) is the host planner's."""
     for seq_lens in random_batches(500 + seed, 6):
         for num_parts in (1, 3, 7, 66, 132):
-            sched = np.asarray(_ext.plan_schedule(seq_lens, num_parts))
+            sched = np.asarray(_ext.testing.plan_schedule(seq_lens, num_parts))
             check_schedule_invariants(sched, seq_lens, num_parts)
             op = jax_mla.decode_schedule(seq_lens, num_heads=64, num_parts=num_parts)
             np.testing.assert_array_equal(np.asarray(op), sched, err_msg=f"{num_parts}")
@@ -180,7 +180,7 @@ def test_auto_picks_pieces_exactly_when_not_dearer(seed):
     for seq_lens in random_batches(600 + seed, 8):
         for num_parts in (3, 7, 66, 132):
             line = line_plan(seq_lens, num_parts)
-            auto = np.asarray(_ext.plan_schedule(seq_lens, num_parts))
+            auto = np.asarray(_ext.testing.plan_schedule(seq_lens, num_parts))
             assert most_expensive_part(line, seq_lens, num_parts) <= line_estimate(seq_lens, num_parts)
             B = smallest_piece_blocks(blocks(seq_lens), num_parts)
             wins = B is not None and B + OVERHEAD <= line_estimate(seq_lens, num_parts)
@@ -197,7 +197,7 @@ def test_auto_plans_of_the_benchmark_configs():
     on the line), b64/h16/8K (2 pieces of 64 against 2 or 3). b128/4K keeps the line's
     whole-request parts (more requests than parts)."""
     def plan(lens, parts):
-        return np.asarray(_ext.plan_schedule(np.asarray(lens, np.int32), parts))
+        return np.asarray(_ext.testing.plan_schedule(np.asarray(lens, np.int32), parts))
     for lens, parts, pieces, cost, line_cost in (([1024] * 16, 66, 4, 4, 6), ([32768], 66, 64, 8, 8),
                                                  ([4096] * 32, 132, 4, 16, 17), ([8192] * 64, 132, 2, 64, 65)):
         s = plan(lens, parts)
@@ -212,7 +212,7 @@ def test_auto_plans_of_the_benchmark_configs():
 
 def test_pieces_plan_check_can_fail():
     seq_lens = np.array([1000, 0, 3000, 64], np.int32)
-    good = np.asarray(_ext.plan_schedule(seq_lens, 20))  # the planner takes pieces here
+    good = np.asarray(_ext.testing.plan_schedule(seq_lens, 20))  # the planner takes pieces here
     check_pieces_plan(good, seq_lens, 20)
     line = line_plan(seq_lens, 20)
     with pytest.raises(AssertionError):

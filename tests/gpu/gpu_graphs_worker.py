@@ -87,7 +87,7 @@ def main(out_path: str) -> int:
                                           np.asarray(ref_lse), out_tol=1e-2, lse_tol=1e-3)
         results.append([np.asarray(x) for x in (out1, lse1, out2, lse2)])
         print(f"step {k}: ok (seq_lens {lens.tolist()})", flush=True)
-    stats = jax_mla._ext.cuda_call_stats()
+    stats = jax_mla._ext.testing.cuda_call_stats()
     print(f"decode handler: {stats}", flush=True)
     with open(out_path, "wb") as f:
         pickle.dump({"results": results, "hlo": hlo, "xla_flags": os.environ.get("XLA_FLAGS", ""),

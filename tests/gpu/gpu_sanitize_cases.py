@@ -62,7 +62,7 @@ def main() -> int:
         lens = np.where(rng.permutation(b) < 5, rng.choice([1, 64, 1000, 5000, 40000], b), 0).astype(np.int32)
         with jax.default_device(gpu):
             sched = np.asarray(jax_mla.decode_schedule(jax.device_put(lens, gpu), num_heads=16, num_parts=66))
-        same = np.array_equal(sched, jax_mla._ext.plan_schedule(lens, 66))
+        same = np.array_equal(sched, jax_mla._ext.testing.plan_schedule(lens, 66))
         bad += not same
         print("ok  " if same else "FAIL", f"schedule b={b}", flush=True)
     return 1 if bad else 0

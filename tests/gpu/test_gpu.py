@@ -128,15 +128,15 @@ def test_precomputed_schedule_and_num_parts(kernel):
         default = jax_mla.decode_schedule(sl, num_heads=16, seq_q=2)
     # The device scheduler builds exactly the host plan.
     num_parts = (default.shape[0] - 2 * data.case.b - 3) // 8  # schedule_size = 8 parts + 2 b + 3
-    assert _ext.schedule_size(data.case.b, num_parts) == default.shape[0]
-    np.testing.assert_array_equal(np.asarray(default), _ext.plan_schedule(data.seq_lens, num_parts))
+    assert _ext.testing.schedule_size(data.case.b, num_parts) == default.shape[0]
+    np.testing.assert_array_equal(np.asarray(default), _ext.testing.plan_schedule(data.seq_lens, num_parts))
     with_default = run_gpu(data, schedule=default, kernel=kernel)
     for x, y in zip(in_op, with_default):
         np.testing.assert_array_equal(x, y)
     for parts in (1, 7, 132):
         with jax.default_device(gpu()):
             sched = jax_mla.decode_schedule(sl, num_heads=16, seq_q=2, num_parts=parts)
-        np.testing.assert_array_equal(np.asarray(sched), _ext.plan_schedule(data.seq_lens, parts))
+        np.testing.assert_array_equal(np.asarray(sched), _ext.testing.plan_schedule(data.seq_lens, parts))
         check(data, *run_gpu(data, schedule=sched, kernel=kernel))
 
 
@@ -192,7 +192,7 @@ def device_schedule(seq_lens, num_parts):
 
 def plan_splits(seq_lens, num_parts):
     """Splits per request of the host plan."""
-    sched = np.asarray(_ext.plan_schedule(np.asarray(seq_lens, np.int32), num_parts))
+    sched = np.asarray(_ext.testing.plan_schedule(np.asarray(seq_lens, np.int32), num_parts))
     return np.diff(sched[num_parts * 8:num_parts * 8 + len(seq_lens) + 1])
 
 
@@ -220,7 +220,7 @@ def test_device_schedule_equals_host_plan(b):
     for name, lens in batches.items():
         lens = lens.astype(np.int32)
         for num_parts in (1, 7, 66, 132, 1000):
-            np.testing.assert_array_equal(device_schedule(lens, num_parts), _ext.plan_schedule(lens, num_parts),
+            np.testing.assert_array_equal(device_schedule(lens, num_parts), _ext.testing.plan_schedule(lens, num_parts),
                                           err_msg=f"{name} b={b} num_parts={num_parts}")
 
 
@@ -265,16 +265,16 @@ def test_many_splits(case, num_parts, plan):
     # The split counts above are the planner's (scheduler.h): pieces for the first three cases.
     data = cases.make(case)
     splits = plan_splits(data.seq_lens, num_parts)
-    assert splits.max() > _ext.MANY_SPLITS
+    assert splits.max() > _ext.limits()["MANY_SPLITS"]
     if "max_splits" in plan:
         assert splits.max() == plan["max_splits"], splits
     assert (splits == 0).any() == plan.get("empty", False)
-    assert ((splits >= 2) & (splits <= _ext.MANY_SPLITS)).any() == plan.get("few", False)
+    assert ((splits >= 2) & (splits <= _ext.limits()["MANY_SPLITS"])).any() == plan.get("few", False)
     assert (splits == 1).any() == plan.get("single", False)
     with jax.default_device(gpu()):
         sched = jax_mla.decode_schedule(jax.device_put(data.seq_lens, gpu()), num_heads=case.h_q,
                                         seq_q=case.s_q, num_parts=num_parts)
-    np.testing.assert_array_equal(np.asarray(sched), _ext.plan_schedule(data.seq_lens, num_parts))
+    np.testing.assert_array_equal(np.asarray(sched), _ext.testing.plan_schedule(data.seq_lens, num_parts))
     first = run_gpu(data, schedule=sched)
     check(data, *first)
     assert_rows_close(data, *first)
@@ -300,7 +300,7 @@ def test_pieces_plan_matches_reference(case):
         sched = jax_mla.decode_schedule(jax.device_put(data.seq_lens, gpu()), num_heads=case.h_q,
                                         seq_q=case.s_q)
     num_parts = (np.asarray(sched).size - 2 * case.b - 3) // 8
-    np.testing.assert_array_equal(np.asarray(sched), _ext.plan_schedule(data.seq_lens, num_parts))
+    np.testing.assert_array_equal(np.asarray(sched), _ext.testing.plan_schedule(data.seq_lens, num_parts))
     check_pieces_plan(np.asarray(sched), data.seq_lens, num_parts)
     in_op = run_gpu(data)
     check(data, *in_op)
@@ -322,11 +322,11 @@ def test_in_op_schedule_many_splits_is_bit_identical():
 
 
 @pytest.mark.parametrize("h_q,s_q", [(128, 1), (3, 2)])
-@pytest.mark.parametrize("splits", [_ext.MANY_SPLITS, _ext.MANY_SPLITS + 1])
+@pytest.mark.parametrize("splits", [_ext.limits()["MANY_SPLITS"], _ext.limits()["MANY_SPLITS"] + 1])
 def test_splits_at_the_many_split_threshold(splits, h_q, s_q):
     """A request with exactly MANY_SPLITS splits takes the one-warp-per-row path of the combine,
     one with MANY_SPLITS + 1 the CTA-per-row path; both must match the reference."""
-    num_parts = _ext.MANY_SPLITS + 1
+    num_parts = _ext.limits()["MANY_SPLITS"] + 1
     seq_len = cases.len_with_splits(splits, num_parts)
     assert plan_splits([seq_len], num_parts)[0] == splits
     data = cases.make(cases.Case(lens=(seq_len,), s_q=s_q, h_q=h_q, page_size=64, causal=s_q > 1,
@@ -391,9 +391,9 @@ def test_sm90_fused_merge_ran(h_q, b):
     data = cases.make(cases.Case(lens=lens, h_q=h_q, seed=31))
     num_parts = jax_mla._api.default_num_parts(1, h_q)
     assert b <= num_parts if b == 3 else b > num_parts
-    before = _ext.cuda_call_stats().get("sm90_fused_merge_launches", 0)
+    before = _ext.testing.cuda_call_stats().get("sm90_fused_merge_launches", 0)
     check(data, *run_gpu(data, kernel="sm90"))
-    fused = _ext.cuda_call_stats().get("sm90_fused_merge_launches", 0) - before
+    fused = _ext.testing.cuda_call_stats().get("sm90_fused_merge_launches", 0) - before
     assert fused == 1, (h_q, b)
 
 

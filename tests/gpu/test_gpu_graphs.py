@@ -5,7 +5,7 @@ XLA reads XLA_FLAGS once per process, so each configuration runs tests/gpu/gpu_g
 subprocess: once with command buffers on for custom calls (and graphs of any size), once with them
 off. The worker checks every step against the CPU reference. Here the decode handler must have run
 while its stream was capturing into a CUDA graph with command buffers on, and never without them
-(the handler counts it: _ext.cuda_call_stats()), and both runs must agree bit for bit. (Recent XLA
+(the handler counts it: _ext.testing.cuda_call_stats()), and both runs must agree bit for bit. (Recent XLA
 forms command buffers from the thunk sequence, so the HLO text no longer shows them; older XLA
 outlined them into command_buffer* computations, which are checked when present.) It runs with the
 device's own kernel and with the portable kernel forced (JAX_MLA_KERNEL=portable).

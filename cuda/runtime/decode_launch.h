@@ -9,8 +9,7 @@
 #include <cstdint>
 
 #include "common/params.h"
-#include "ffi/kernel_info.h"  // built_kernels()
-#include "ffi/kernel_select.h"
+#include "runtime/kernel_select.h"
 
 namespace jax_mla {
 

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "ffi/kernel_select.h"
+#include "runtime/kernel_select.h"
 
 namespace jax_mla {
 

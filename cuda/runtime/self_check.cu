@@ -5,7 +5,7 @@
 // Criteria: the same empty rows (out exactly 0, lse -inf), everything else finite, out within a
 // relative L2 error of 2e-2 and lse within 1e-3 (relative, at least absolute) of the portable kernel
 // (both round P to 16 bits; they only differ in fp32 summation order).
-#include "ffi/self_check.h"
+#include "runtime/self_check.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -20,7 +20,7 @@
 #include "common/params.h"
 #include "common/scheduler.h"
 #include "common/workspace.h"
-#include "ffi/decode_launch.h"
+#include "runtime/decode_launch.h"
 
 namespace jax_mla {
 namespace {

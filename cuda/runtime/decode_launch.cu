@@ -1,5 +1,5 @@
 // See decode_launch.h. The only place that knows each kernel's launch sequence.
-#include "ffi/decode_launch.h"
+#include "runtime/decode_launch.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

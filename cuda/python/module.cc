@@ -1,0 +1,140 @@
+// The extension module jax_mla._ext: what the jax_mla Python package needs from C++. XLA FFI
+// handler capsules for jax.ffi.register_ffi_target, the table of limits the Python checks use, the
+// workspace size the CUDA lowering allocates, and CUDA device information. See docs/design.md
+// ("FFI targets"). Hooks only tests and benchmarks use live in the submodule jax_mla._ext.testing
+// (testing.cc), which is not part of the package's API.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "common/workspace.h"
+#include "ffi/handlers.h"
+#include "python/testing.h"
+#include "runtime/kernel_select.h"
+#include "runtime/limits.h"
+#ifdef JAX_MLA_WITH_CUDA
+#include "runtime/device.h"
+#endif
+
+namespace nb = nanobind;
+
+namespace {
+
+// jax.ffi.register_ffi_target takes the handler as a PyCapsule holding the function pointer.
+nb::capsule handler_capsule(XLA_FFI_Handler* handler) { return nb::capsule(reinterpret_cast<void*>(handler)); }
+
+// {platform: {target: handler}}, where handler is a capsule (single-stage handler) or a dict
+// {stage: capsule} with stage in "instantiate", "prepare", "initialize", "execute" (the form
+// XLA's register_custom_call_target accepts for api_version=1, on CPU and in the CUDA plugin).
+nb::dict registrations() {
+  nb::dict cpu;
+  cpu["jax_mla_decode"] = handler_capsule(MlaDecodeCpu);
+  cpu["jax_mla_decode_schedule"] = handler_capsule(MlaDecodeScheduleCpu);
+  nb::dict platforms;
+  platforms["cpu"] = cpu;
+#ifdef JAX_MLA_WITH_CUDA
+  // Both targets share the initialize stage: it sets the device up once (runtime/device.h), so
+  // the execute stages only launch work.
+  nb::dict cuda;
+  for (auto [target, execute] : {std::pair<const char*, XLA_FFI_Handler*>{"jax_mla_decode", MlaDecodeCudaExecute},
+                                 {"jax_mla_decode_schedule", MlaDecodeScheduleCudaExecute}}) {
+    nb::dict stages;
+    stages["initialize"] = handler_capsule(MlaDecodeCudaInitialize);
+    stages["execute"] = handler_capsule(execute);
+    cuda[target] = stages;
+  }
+  platforms["CUDA"] = cuda;
+#endif
+  return platforms;
+}
+
+bool has_cuda() {
+#ifdef JAX_MLA_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int cuda_sm_count() {
+#ifdef JAX_MLA_WITH_CUDA
+  return jax_mla::cuda_sm_count();
+#else
+  return 0;
+#endif
+}
+
+nb::dict limits() {
+  nb::dict d;
+  for (const jax_mla::Limit& l : jax_mla::kLimits) d[l.name] = l.value;
+  return d;
+}
+
+int64_t workspace_bytes(int64_t batch, int64_t rows, int64_t num_parts) {
+  if (batch < 0) throw nb::value_error("batch must be >= 0");
+  if (num_parts < 1) throw nb::value_error("num_parts must be >= 1");
+  if (rows < 1) throw nb::value_error("rows must be >= 1");
+  return jax_mla::workspace_layout(batch, rows, num_parts).total_bytes;
+}
+
+// Names of the GPU decode kernels in this build (empty without CUDA).
+std::vector<std::string> built_kernels() {
+  std::vector<std::string> names;
+#ifdef JAX_MLA_WITH_CUDA
+  const jax_mla::BuiltKernels b = jax_mla::built_kernels();
+  if (b.sm90) names.push_back("sm90");
+  if (b.sm100) names.push_back("sm100");
+  if (b.sm103) names.push_back("sm103");
+  names.push_back("portable");
+#endif
+  return names;
+}
+
+nb::dict kernel_info(int ordinal) {
+#ifdef JAX_MLA_WITH_CUDA
+  const jax_mla::DeviceKernelInfo info = jax_mla::device_kernel_info(ordinal);
+  if (!info.error.empty()) throw std::runtime_error(info.error);
+  nb::dict d;
+  d["compute_capability"] = nb::make_tuple(info.cc_major, info.cc_minor);
+  d["kernel"] = info.kernel;
+  d["fell_back"] = info.fell_back;
+  d["self_check"] = info.self_check;
+  d["self_check_kernel"] = info.self_check_kernel;
+  d["self_check_detail"] = info.self_check_detail;
+  d["env_kernel"] = info.env_kernel;
+  d["env_self_check"] = info.env_self_check;
+  return d;
+#else
+  (void)ordinal;
+  throw std::runtime_error("jax_mla: this build has no CUDA kernels");
+#endif
+}
+
+}  // namespace
+
+NB_MODULE(_ext, m) {
+  m.doc() = "jax-mla native extension: XLA FFI handlers for MLA decode and what jax_mla needs of C++";
+
+  m.def("registrations", &registrations,
+        "{platform: {target: capsule or {stage: capsule}}} for jax.ffi.register_ffi_target.");
+  m.def("has_cuda", &has_cuda, "True when the module was built with the CUDA kernels.");
+  m.def("cuda_sm_count", &cuda_sm_count, "SM count of CUDA device 0; 0 without a device, a driver or CUDA support.");
+  m.def("limits", &limits,
+        "{name: int}: the limits the handlers check (cuda/runtime/limits.h), for jax_mla's own checks.");
+  m.def("workspace_bytes", &workspace_bytes, nb::arg("batch"), nb::arg("rows"), nb::arg("num_parts"),
+        "Bytes of the CUDA workspace result of jax_mla_decode (rows = s_q * h_q).");
+  m.def("built_kernels", &built_kernels, "Names of the GPU decode kernels compiled into this build.");
+  m.def("kernel_info", &kernel_info, nb::arg("device_ordinal"),
+        "Which kernel a CUDA device uses (initializes it for jax_mla if needed, self-check included).");
+  nb::dict kernels;
+  for (int32_t i = 0; i < jax_mla::kNumKernels; ++i) kernels[jax_mla::kKernelNames[i]] = i;
+  m.attr("KERNELS") = kernels;
+
+  jax_mla::python::define_testing(
+      m.def_submodule("testing", "Test and benchmark hooks of jax_mla._ext; not part of jax_mla's API."));
+}

@@ -1,0 +1,96 @@
+"""One table of limits: cuda/runtime/limits.h, exported as jax_mla._ext.limits(). The Python checks
+(jax_mla._validate, at trace time) take every bound from it, and the C++ handlers check the same
+constants; these tests fail when the two sides disagree."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cases
+import jax_mla
+from jax_mla import _ext, _validate
+
+NAMES = {"HEAD_DIM_QK", "HEAD_DIM_V", "MAX_SEQ_Q", "MAX_HEADS_Q", "BLOCK_M", "BLOCK_N", "MIN_GPU_PAGE_SIZE",
+         "MAX_GPU_PAGE_SIZE", "PART_FIELDS", "COMBINE_HEADER", "MANY_SPLITS", "INT32_MAX"}
+
+
+@pytest.fixture(autouse=True)
+def on_cpu():
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+def test_table_contents():
+    limits = _ext.limits()
+    assert set(limits) == NAMES
+    assert all(type(v) is int for v in limits.values())
+    assert limits["INT32_MAX"] == 2**31 - 1
+    assert limits["MIN_GPU_PAGE_SIZE"] <= limits["BLOCK_N"] <= limits["MAX_GPU_PAGE_SIZE"]
+
+
+def test_python_takes_every_limit_from_the_table():
+    limits = _ext.limits()
+    for name in NAMES - {"BLOCK_N", "INT32_MAX"}:
+        assert getattr(_validate, name) == limits[name], name
+    assert _validate._INT32_MAX == limits["INT32_MAX"]
+    assert _validate.KERNELS == _ext.KERNELS
+    assert cases.BLOCK_N == limits["BLOCK_N"] and cases.HEAD_DIM_QK == limits["HEAD_DIM_QK"]
+
+
+def test_validate_hard_codes_no_limit():
+    """No module-level constant of jax_mla/_validate.py is a number written in the file."""
+    tree = ast.parse(inspect.getsource(_validate))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            value = node.value.value
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            assert not (isinstance(value, int) and not isinstance(value, bool)), (names, value)
+
+
+def ffi_decode(q, kv, table, lens, num_parts=2):
+    """The CPU handler, called below jax_mla's Python checks."""
+    b, s_q, h_q, _ = q.shape
+    results = (jax.ShapeDtypeStruct((b, s_q, h_q, _validate.HEAD_DIM_V), q.dtype),
+               jax.ShapeDtypeStruct((b, s_q, h_q), jnp.float32))
+    out, _ = jax.ffi.ffi_call("jax_mla_decode", results)(
+        q, kv, table, lens, np.zeros((0,), np.int32), softmax_scale=np.float32(0.05), causal=False,
+        num_parts=np.int32(num_parts), kernel=np.int32(0))
+    return np.asarray(out)
+
+
+def inputs(s_q, h_q):
+    q = np.zeros((1, s_q, h_q, _validate.HEAD_DIM_QK), jnp.bfloat16)
+    kv = np.zeros((2, 16, _validate.HEAD_DIM_QK), jnp.bfloat16)
+    return q, kv, np.zeros((1, 1), np.int32), np.full((1,), 5, np.int32)
+
+
+@pytest.mark.parametrize("dim, name", [(1, "MAX_SEQ_Q"), (2, "MAX_HEADS_Q")])
+def test_python_and_handler_agree_on_the_bound(dim, name):
+    bound = _ext.limits()[name]
+    for n, ok in ((bound, True), (bound + 1, False)):
+        shape = [1, 1]
+        shape[dim - 1] = n
+        args = inputs(*shape)
+        if ok:
+            jax_mla.mla_decode(*args)
+            ffi_decode(*args)
+            continue
+        with pytest.raises(ValueError, match=f"<= {bound} "):
+            jax_mla.mla_decode(*args)
+        with pytest.raises(Exception, match=rf"must be in \[1, {bound}\]"):
+            ffi_decode(*args)
+
+
+def test_gpu_page_size_bounds():
+    lo, hi = _ext.limits()["MIN_GPU_PAGE_SIZE"], _ext.limits()["MAX_GPU_PAGE_SIZE"]
+    for ok in (lo, hi):
+        _validate.check_gpu_page_size(ok)
+    for bad in (lo // 2, hi * 2, lo + 1):
+        with pytest.raises(ValueError, match=rf"\[{lo}, {hi}\]"):
+            _validate.check_gpu_page_size(bad)
