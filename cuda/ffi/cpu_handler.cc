@@ -1,6 +1,6 @@
 // XLA FFI handlers of the "cpu" platform: jax_mla_decode and jax_mla_decode_schedule.
 //
-// The handlers only validate, fill DecodeParams and call the CPU kernel (cuda/cpu). Unlike the
+// The handlers only validate, fill DecodeProblem and call the CPU kernel (cuda/cpu). Unlike the
 // GPU handlers they can read the data on the host, so the run-time checks (seq_lens against
 // the block table, page ids, a caller-provided schedule) end the op with an error instead of
 // producing NaN rows.
@@ -9,7 +9,7 @@
 #include <new>
 #include <vector>
 
-#include "common/params.h"
+#include "common/problem.h"
 #include "common/scheduler.h"
 #include "cpu/decode_cpu.h"
 #include "ffi/decode_args.h"
@@ -26,7 +26,7 @@ using ffi_args::invalid_argument;
 constexpr const char* kDecodeTarget = "jax_mla_decode";
 
 // Every request's length fits its block-table row, and every page it reads exists.
-ffi::Error check_requests(const DecodeParams& p) {
+ffi::Error check_requests(const DecodeProblem& p) {
   const int64_t capacity = static_cast<int64_t>(p.max_pages) * p.page_size;
   for (int r = 0; r < p.batch; ++r) {
     const int64_t seq_len = p.seq_lens[r];
@@ -57,7 +57,7 @@ ffi::Error decode_cpu_impl(ffi::AnyBuffer q,            // (b, s_q, h_q, 576) bf
                            ffi::Result<ffi::AnyBuffer> lse,  // (b, s_q, h_q) f32
                            float softmax_scale, bool causal, int32_t num_parts,
                            int32_t kernel) {  // which GPU kernel: validated, then ignored here
-  DecodeParams p;
+  DecodeProblem p;
   if (ffi::Error e = ffi_args::check_decode(q, kv_cache, block_table, seq_lens, schedule, *out, *lse, softmax_scale,
                                             causal, num_parts, &p);
       e.failure()) {

@@ -22,7 +22,7 @@
 #include <string>
 
 #include "common/launch.h"
-#include "common/params.h"
+#include "common/problem.h"
 #include "common/scheduler.h"
 #include "common/workspace.h"
 #include "decode_args.h"
@@ -148,7 +148,7 @@ KernelSelection select_for(const DeviceInfo& info, int32_t kernel_attr) {
 }
 
 // Checks that only the GPU kernels impose (the CPU kernel takes any page size).
-ffi::Error check_gpu_limits(const DecodeParams& p, int64_t workspace_bytes, bool schedule_in_op) {
+ffi::Error check_gpu_limits(const DecodeProblem& p, int64_t workspace_bytes, bool schedule_in_op) {
   constexpr const char* kTarget = "jax_mla_decode";
   const int ps = p.page_size;
   if (ps < kMinGpuPageSize || ps > kMaxGpuPageSize || (ps & (ps - 1)) != 0) {
@@ -174,7 +174,7 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
                              ffi::AnyBuffer seq_lens, ffi::AnyBuffer schedule, ffi::Result<ffi::AnyBuffer> out,
                              ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> workspace,
                              float softmax_scale, bool causal, int32_t num_parts, int32_t kernel) {
-  DecodeParams p;
+  DecodeProblem p;
   if (ffi::Error e = ffi_args::check_decode(q, kv_cache, block_table, seq_lens, schedule, *out, *lse, softmax_scale,
                                             causal, num_parts, &p);
       e.failure()) {
@@ -203,14 +203,13 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
     return ffi::Error(ffi::ErrorCode::kInternal, "jax_mla_decode: the self-check did not run in the initialize stage");
   }
 
-  p.sm_count = g_devices[device].sm_count;
   uint8_t* ws = static_cast<uint8_t*>(workspace->untyped_data());
   const WorkspaceLayout layout = workspace_layout(p.batch, p.rows, p.num_parts);
   p.partial_lse = reinterpret_cast<float*>(ws + layout.partial_lse_offset);
   p.partial_out = reinterpret_cast<float*>(ws + layout.partial_out_offset);
-  p.merge_counters = reinterpret_cast<int*>(ws + layout.merge_counters_offset);
-  const LaunchStatus st =
-      launch_decode_kernel(sel.kernel, p, reinterpret_cast<int32_t*>(ws + layout.schedule_offset), stream);
+  const LaunchStatus st = launch_decode_kernel(sel.kernel, p, g_devices[device].sm_count,
+                                               reinterpret_cast<int*>(ws + layout.merge_counters_offset),
+                                               reinterpret_cast<int32_t*>(ws + layout.schedule_offset), stream);
   if (!st.ok()) {
     if (st.error != cudaSuccess) return cuda_error(st.what, st.error);
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_mla_decode: ") + st.what);

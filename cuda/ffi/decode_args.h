@@ -1,5 +1,5 @@
 // Static checks of the jax_mla_decode / jax_mla_decode_schedule buffers and attributes (what can
-// be checked without reading device data), and the DecodeParams they describe. Header-only so
+// be checked without reading device data), and the DecodeProblem they describe. Header-only so
 // that the CPU handler and the CUDA handler report the same messages for the same mistakes.
 //
 // Buffer order and shapes are the contract of docs/design.md ("FFI targets").
@@ -12,7 +12,7 @@
 #include <string>
 
 #include "common/config.h"
-#include "common/params.h"
+#include "common/problem.h"
 #include "common/scheduler.h"
 #include "ffi/kernel_select.h"
 #include "xla/ffi/api/ffi.h"
@@ -66,7 +66,7 @@ inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576
                                ffi::AnyBuffer schedule,     // (0,) or (schedule_size(b, num_parts),) s32
                                ffi::AnyBuffer out,          // (b, s_q, h_q, 512) q's dtype
                                ffi::AnyBuffer lse,          // (b, s_q, h_q) f32
-                               float softmax_scale, bool causal, int32_t num_parts, DecodeParams* params) {
+                               float softmax_scale, bool causal, int32_t num_parts, DecodeProblem* params) {
   constexpr const char* kTarget = "jax_mla_decode";
 
   // q fixes b, s_q, h_q and the dtype; everything else is checked against it.
@@ -156,8 +156,8 @@ inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576
     return invalid_argument(kTarget, "softmax_scale must be positive and finite, got ", softmax_scale);
   }
 
-  DecodeParams& p = *params;
-  p = DecodeParams{};
+  DecodeProblem& p = *params;
+  p = DecodeProblem{};
   p.batch = static_cast<int>(batch);
   p.seq_q = static_cast<int>(seq_q);
   p.heads_q = static_cast<int>(heads_q);
