@@ -78,27 +78,30 @@ struct PartWork {
 
 // The same walk as PartWork::for_each_piece, one piece per call, for a role that advances at its
 // own pace (the portable kernel's loader, which runs ahead of the computation):
-//   PieceCursor c; c.start(work);  then, while !c.done(work): use c.piece, c.ordinal; c.next(work).
+//   cursor.start(work, enter);  ... cursor.next(work, enter);  ... until cursor.done(work).
+// enter(piece) runs for each non-empty piece the cursor moves to (the caller keeps what it needs).
 struct PieceCursor {
-  PieceOfWork piece;  // the current non-empty piece (meaningless once done)
-  int ordinal;        // its position among the part's non-empty pieces
+  int request;  // the current piece's request; past work.last_request() once done
+  int ordinal;  // the current piece's position among the part's non-empty pieces
 
-  MLA_HOST_DEVICE bool done(const PartWork& work) const { return piece.request > work.last_request(); }
+  MLA_HOST_DEVICE bool done(const PartWork& work) const { return request > work.last_request(); }
 
   // Moves to the first non-empty piece of the part.
-  MLA_HOST_DEVICE void start(const PartWork& work) {
+  template <class Enter>
+  MLA_HOST_DEVICE void start(const PartWork& work, Enter&& enter) {
     ordinal = -1;
-    piece.request = work.first_request() - 1;
-    next(work);
+    request = work.first_request() - 1;
+    next(work, enter);
   }
 
   // Moves to the next non-empty piece (past the last request when there is none).
-  MLA_HOST_DEVICE void next(const PartWork& work) {
-    for (++piece.request; piece.request <= work.last_request(); ++piece.request) {
-      const PieceOfWork w = work.piece(piece.request);
+  template <class Enter>
+  MLA_HOST_DEVICE void next(const PartWork& work, Enter&& enter) {
+    for (++request; request <= work.last_request(); ++request) {
+      const PieceOfWork w = work.piece(request);
       if (!w.empty()) {
-        piece = w;
         ++ordinal;
+        enter(w);
         return;
       }
     }

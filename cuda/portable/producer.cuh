@@ -33,7 +33,7 @@ struct KvLoader {
   uint32_t dst0;        // shared address of (stage 0, box 0, row, swizzled chunk)
   int chunk_elems;      // column offset of this thread's chunk inside a box
   // Cursor: the next sub-tile to load.
-  PieceCursor cursor;   // its piece (cursor.piece.request past the part's last request once done)
+  PieceCursor cursor;   // its piece (cursor.request past the part's last request once done)
   int sub, sub_end;     // sub-tiles [sub, sub_end) of the current piece, in kTileKeys-token units
   int seq_len;          // seq_lens of the piece's request
   int page;             // block-table entry for this thread's token of sub-tile `sub` (-1: none)
@@ -48,19 +48,17 @@ struct KvLoader {
     chunk_elems = chunk * 8;
     dst0 = smem_addr(&s.kv[0][0][row][0]) + ((chunk ^ (row & 7)) << 4);
     bad_bits = 0;
-    cursor.start(work);
-    enter_piece();
+    cursor.start(work, [&](const PieceOfWork& w) { enter_piece(w); });
     lookup();
   }
 
   __device__ __forceinline__ bool done() const { return cursor.done(work); }
 
-  // Points the sub-tile cursor at the first sub-tile of the cursor's piece.
-  __device__ __forceinline__ void enter_piece() {
-    if (done()) return;
-    sub = cursor.piece.begin_block * kTilesPerBlock;
-    sub_end = cursor.piece.end_block * kTilesPerBlock;
-    seq_len = work.seq_len(cursor.piece);
+  // Points the sub-tile cursor at the first sub-tile of piece w (the cursor's new piece).
+  __device__ __forceinline__ void enter_piece(const PieceOfWork& w) {
+    sub = w.begin_block * kTilesPerBlock;
+    sub_end = w.end_block * kTilesPerBlock;
+    seq_len = work.seq_len(w);
   }
 
   // Block-table entry of this thread's token in the cursor's sub-tile. Read only for tokens the
@@ -71,7 +69,7 @@ struct KvLoader {
     const int token = sub * kTileKeys + row;
     const int page_index = token >> log2_page;
     if (token < seq_len && page_index < p->max_pages) {
-      page = p->block_table[static_cast<int64_t>(cursor.piece.request) * p->max_pages + page_index];
+      page = p->block_table[static_cast<int64_t>(cursor.request) * p->max_pages + page_index];
     }
   }
 
@@ -95,10 +93,7 @@ struct KvLoader {
       for (int box = 0; box < kBoxes; ++box) {
         cp_async_16(dst + box * kBoxBytes, valid ? src + box * kBoxCols : src, valid);
       }
-      if (++sub == sub_end) {
-        cursor.next(work);
-        enter_piece();
-      }
+      if (++sub == sub_end) cursor.next(work, [&](const PieceOfWork& w) { enter_piece(w); });
       lookup();
     }
     cp_async_commit();
