@@ -1,5 +1,5 @@
 // Combine kernel: merges the split-KV partials of the requests the schedule lists (scheduler.h:
-// the requests with num_splits != 1), see combine.h for the math.
+// the requests with num_splits != 1), with the arithmetic of lse_merge.h.
 //
 // Cost: every partial row is read once (rows * 512 fp32 per split: 256 KB per split at 128 rows)
 // and every listed output row written once, so the kernel is bandwidth work whose loads must all
@@ -19,7 +19,7 @@
 //    once: 16 independent 16-byte loads per lane. A CTA step takes 8 consecutive items.
 // In both, the first round of partial loads is issued before the LSE reduction, so one memory
 // latency covers both. Every sum has a fixed order (no atomics): results are bit-identical across
-// runs. NaN semantics as combine.h: a NaN partial LSE makes the row NaN; a row whose splits are
+// runs. NaN semantics as lse_merge.h: a NaN partial LSE makes the row NaN; a row whose splits are
 // all -inf gets O = 0, lse = -inf; a request with no split gets 0 / -inf, or NaN when its length
 // is negative (invalid).
 #include <algorithm>
@@ -32,7 +32,8 @@
 
 #include "config.h"
 #include "launch.h"
-#include "params.h"
+#include "lse_merge.h"
+#include "problem.h"
 #include "ptx.cuh"
 #include "row_math.cuh"
 #include "scheduler.h"
@@ -87,7 +88,7 @@ struct ListedRequest {
   int num_splits;  // 0 (no key) or >= 2 in a plan
 };
 
-__device__ __forceinline__ ListedRequest listed_request(const DecodeParams& p, const int32_t* list,
+__device__ __forceinline__ ListedRequest listed_request(const DecodeProblem& p, const int32_t* list,
                                                         const int32_t* split_offsets, int64_t i) {
   ListedRequest l;
   l.request = list[i];
@@ -102,37 +103,28 @@ __device__ __forceinline__ ListedRequest listed_request(const DecodeParams& p, c
   return l;
 }
 
-// RowWeights (row_math.cuh) over the n split LSEs of one row (lse_col: stride rows), any n: the
-// lanes stride over the splits, reading them from memory twice.
-__device__ __forceinline__ RowWeights row_weights(const float* lse_col, int64_t rows, int n) {
+// RowWeights (lse_merge.h) of one row over its n split LSEs (lse_col: stride rows), any n: the
+// lanes stride over the splits, reading them from memory twice (the second pass only when some
+// split saw a key).
+__device__ __forceinline__ RowWeights warp_row_weights(const float* lse_col, int64_t rows, int n) {
   const int lane = threadIdx.x % 32;
   RowWeights r;
   r.m = -INFINITY;
   r.bad = false;
-  // fmaxf drops NaN, so NaN (a bad request or NaN data) is tracked apart and must survive.
-  for (int s = lane; s < n; s += 32) {
-    const float v = lse_col[s * rows];
-    r.bad |= isnan(v);
-    r.m = fmaxf(r.m, v);
-  }
+  for (int s = lane; s < n; s += 32) include_lse(r, lse_col[s * rows]);
   r.m = warp_max(r.m);
   r.bad = __any_sync(0xffffffff, r.bad);
   r.sum = 0.f;
   if (r.m != -INFINITY) {
-    for (int s = lane; s < n; s += 32) r.sum += expf(lse_col[s * rows] - r.m);
+    for (int s = lane; s < n; s += 32) r.sum += lse_weight(lse_col[s * rows], r.m);
   }
   r.sum = warp_sum(r.sum);
-  r.inv = r.m == -INFINITY ? 0.f : 1.f / r.sum;
+  r.inv = inv_weight_sum(r.m, r.sum);
   return r;
 }
 
-// Weight of split s (every lane of the warp loads the same LSE: one broadcast, an L1 hit).
-__device__ __forceinline__ float split_weight(const RowWeights& r, const float* lse_col, int64_t rows, int s) {
-  return r.m == -INFINITY ? 0.f : expf(lse_col[s * rows] - r.m) * r.inv;
-}
-
 // Value of every output element of a request with no split (seq_len <= 0): 0, NaN when invalid.
-__device__ __forceinline__ bool invalid_length(const DecodeParams& p, int r) { return p.seq_lens[r] < 0; }
+__device__ __forceinline__ bool invalid_length(const DecodeProblem& p, int r) { return p.seq_lens[r] < 0; }
 
 // ---- few-split rows: one warp per (request, row) --------------------------------------------------
 
@@ -150,7 +142,7 @@ __device__ __forceinline__ void load_few_round(const float* src, int64_t split_s
 }
 
 template <typename Element>
-__device__ void combine_few_row(const DecodeParams& p, const ListedRequest& req, int row) {
+__device__ void combine_few_row(const DecodeProblem& p, const ListedRequest& req, int row) {
   const int lane = threadIdx.x % 32;
   const int n = req.num_splits;
   if (req.request < 0 || n == 1) return;  // not a listed request of this plan
@@ -172,7 +164,7 @@ __device__ void combine_few_row(const DecodeParams& p, const ListedRequest& req,
 
   float4 v[kFewUnroll][kRowFloat4PerLane];  // (splits of a round, float4s of the lane)
   load_few_round(src, split_stride, 0, n, v);
-  const RowWeights wt = row_weights(lse_col, rows, n);
+  const RowWeights wt = warp_row_weights(lse_col, rows, n);
 
   float4 acc[kRowFloat4PerLane];
 #pragma unroll
@@ -182,7 +174,7 @@ __device__ void combine_few_row(const DecodeParams& p, const ListedRequest& req,
 #pragma unroll
     for (int j = 0; j < kFewUnroll; ++j) {
       if (base + j < n) {
-        const float w = split_weight(wt, lse_col, rows, base + j);
+        const float w = split_weight(wt, lse_col[(base + j) * rows]);  // every lane: one broadcast load
 #pragma unroll
         for (int k = 0; k < kRowFloat4PerLane; ++k) fma4(acc[k], w, v[j][k]);
       }
@@ -212,7 +204,7 @@ __device__ __forceinline__ void load_many_round(const float* src, int64_t split_
 // barrier (the caller alternates two buffers). Returns whether it used reduce (and the barrier):
 // only then may the caller switch buffers.
 template <typename Element>
-__device__ bool combine_many_slice(const DecodeParams& p, const ListedRequest& req, int row, int quarter,
+__device__ bool combine_many_slice(const DecodeProblem& p, const ListedRequest& req, int row, int quarter,
                                    float4 (*reduce)[32]) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int n = req.num_splits;
@@ -237,7 +229,7 @@ __device__ bool combine_many_slice(const DecodeParams& p, const ListedRequest& r
 
   float4 v[kManyUnroll];  // (splits of a round) this lane's float4 of splits warp + 8 j
   load_many_round(src, split_stride, warp, n, v);
-  const RowWeights wt = row_weights(lse_col, rows, n);  // every warp over all n (L1 hits after the first)
+  const RowWeights wt = warp_row_weights(lse_col, rows, n);  // every warp over all n (L1 hits after the first)
 
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int base = warp; base < n; base += kCombineWarps * kManyUnroll) {
@@ -245,7 +237,7 @@ __device__ bool combine_many_slice(const DecodeParams& p, const ListedRequest& r
 #pragma unroll
     for (int j = 0; j < kManyUnroll; ++j) {
       const int s = base + j * kCombineWarps;
-      if (s < n) fma4(acc, split_weight(wt, lse_col, rows, s), v[j]);
+      if (s < n) fma4(acc, split_weight(wt, lse_col[s * rows]), v[j]);
     }
   }
   reduce[warp][lane] = acc;
@@ -267,7 +259,7 @@ __device__ bool combine_many_slice(const DecodeParams& p, const ListedRequest& r
 }
 
 template <typename Element>
-__global__ void __launch_bounds__(kCombineThreads, kCombineCtasPerSm) combine_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(kCombineThreads, kCombineCtasPerSm) combine_kernel(const __grid_constant__ DecodeProblem p) {
   __shared__ float4 reduce[2][kCombineWarps][32];  // many-split warp sums, double-buffered
   ptx::grid_dependency_wait();  // the partials (and a schedule made in-op) come from earlier kernels
 
@@ -306,7 +298,7 @@ __global__ void __launch_bounds__(kCombineThreads, kCombineCtasPerSm) combine_ke
 // fit on the GPU at once. A request with n pieces spans n consecutive parts and requests share at
 // most their boundary parts, so sum(n - 1) <= num_parts - 1: at most (num_parts - 1) / kManySplits
 // requests are many-split, and at most b are listed.
-int64_t combine_grid(const DecodeParams& p, int sm_count) {
+int64_t combine_grid(const DecodeProblem& p, int sm_count) {
   const int64_t b = p.batch, rows = p.rows;
   const int64_t many = std::min<int64_t>(b, (static_cast<int64_t>(p.num_parts) - 1) / kManySplits);
   const int64_t items = many * rows * kQuarters + (b * rows + kCombineWarps - 1) / kCombineWarps;
@@ -316,7 +308,7 @@ int64_t combine_grid(const DecodeParams& p, int sm_count) {
 
 }  // namespace
 
-cudaError_t launch_combine(const DecodeParams& p, int sm_count, bool programmatic, cudaStream_t stream) {
+cudaError_t launch_combine(const DecodeProblem& p, int sm_count, bool programmatic, cudaStream_t stream) {
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = pdl_launch_config(dim3(static_cast<unsigned>(combine_grid(p, sm_count))),
                                                    dim3(kCombineThreads), 0, stream, &attr, programmatic);

@@ -40,7 +40,7 @@ inline constexpr int kBoxesPerGroup = 3;
 // it to every request so that many short requests are not packed onto a single part.
 inline constexpr int kFixedOverheadBlocks = 5;
 
-// Lazy rescaling (SM100: sm100/config.h kRescaleThreshold; SM90: decode_kernel.cuh owner_step):
+// Lazy rescaling (SM100: sm100/config.h kRescaleThreshold; SM90: sm90/softmax.cuh move_reference):
 // a row's softmax reference moves only when its score max grows by
 // more than this (log2 units), so P = exp2(s - reference) <= 2^8 = 256. P is rounded to the 16-bit
 // element type for P V: fp16's largest finite value is 65504 (just under 2^16), and a 16-bit

@@ -30,9 +30,9 @@
 #include <cstdint>
 
 #include "config.h"
-#include "params.h"
+#include "problem.h"
 #include "ptx.cuh"
-#include "scheduler.h"
+#include "work_iterator.h"
 
 namespace jax_mla {
 
@@ -176,7 +176,7 @@ struct DecodeKVProducer {
 };
 
 // The producer thread's whole job, shared by the SM90 and SM100 kernels and by both rings: walk the
-// pieces of one split-KV part (scheduler.h) and, per piece, load Q of this CTA's row block once the
+// pieces of one split-KV part (work_iterator.h) and, per piece, load Q of this CTA's row block once the
 // consumers released the previous piece's Q (q_empty, parity of the piece count), then the piece's
 // KV tiles into the ring. Q of a row block is stored as 9 boxes of (BLK_M, 64). Hooks keep each
 // kernel's own bookkeeping (bad block-table entries):
@@ -185,19 +185,16 @@ struct DecodeKVProducer {
 //                      the tile's arrivals, so a consumer that has waited for the tile also sees what
 //                      the hook wrote.
 template <typename Producer, typename Element, typename OnPiece, typename OnTile>
-__device__ __forceinline__ void produce_part(Producer& producer, const DecodeParams& p, const CUtensorMap* q_map,
-                                             const CUtensorMap* kv_map, const int32_t* part_info,
-                                             const int32_t* split_offsets, int m_block,
+__device__ __forceinline__ void produce_part(Producer& producer, const DecodeProblem& p, const CUtensorMap* q_map,
+                                             const CUtensorMap* kv_map, const PartWork& work, int m_block,
                                              Element* q_smem,  // (9 boxes, BLK_M, 64)
                                              uint64_t* q_full, uint64_t* q_empty, OnPiece on_piece,
                                              OnTile on_tile) {
   constexpr int kQBoxElems = kBlockM * kKvBoxCols;
   const int log2_page = 31 - __clz(p.page_size);
-  int piece_count = 0;
-  for (int r = part_info[kPartBeginReq]; r <= part_info[kPartEndReq]; ++r) {
-    const PieceOfWork w = piece_of(part_info, split_offsets, p.seq_lens, r);
-    if (w.begin_block >= w.end_block) continue;
-    const int parity = piece_count & 1;
+  work.for_each_piece([&](const PieceOfWork& w, int ordinal) {
+    const int r = w.request;
+    const int parity = ordinal & 1;
 
     ptx::mbarrier_wait(q_empty, parity ^ 1);
     on_piece(parity);
@@ -210,7 +207,7 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePar
 
     const PagedKV kv{kv_map,
                      p.block_table + static_cast<int64_t>(r) * p.max_pages,
-                     p.seq_lens[r],
+                     work.seq_len(w),
                      p.page_size,
                      log2_page,
                      p.num_pages,
@@ -224,8 +221,7 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePar
       producer.load_tile(kv, source);
       producer.commit_step();
     }
-    ++piece_count;
-  }
+  });
 }
 
 // Consumer side of the same ring.

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
-#include "params.h"
+#include "problem.h"
 
 namespace jax_mla {
 
@@ -46,6 +46,6 @@ cudaError_t launch_schedule(const int32_t* seq_lens, int batch, int num_parts, i
 // Launched right after the decode kernel as a persistent grid of at most sm_count * (CTAs per SM)
 // CTAs (sm_count <= 0: 132), with programmatic dependent launch when `programmatic` (the SM90 /
 // SM100 paths), else in stream order.
-cudaError_t launch_combine(const DecodeParams& p, int sm_count, bool programmatic, cudaStream_t stream);
+cudaError_t launch_combine(const DecodeProblem& p, int sm_count, bool programmatic, cudaStream_t stream);
 
 }  // namespace jax_mla

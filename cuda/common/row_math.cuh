@@ -10,6 +10,8 @@
 #include <cuda_fp16.h>
 #include <type_traits>
 
+#include "lse_merge.h"
+
 namespace jax_mla {
 
 __device__ __forceinline__ float quad_max(float x) {
@@ -33,45 +35,29 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// The merge weights of one output row over its splits' LSEs (combine.h's math), computed by a
-// whole warp whose lanes stride over the splits, so every lane has them: split s weighs
-// exp(lse_s - m) * inv. Used by the combine kernel (combine.cu) and the SM90 decode kernel's own
-// merge (sm90/split_merge.cuh).
-struct RowWeights {
-  float m;    // max LSE, -inf when no split saw a key
-  float inv;  // 1 / sum_s exp(lse_s - m), 0 when m is -inf
-  float sum;
-  bool bad;   // some LSE is NaN (fmaxf drops NaN, so it is tracked apart and must survive)
-};
-
-// From LSEs held in registers: lane l's l[k] is split l + 32 k (-inf past the last split). Also
-// leaves exp(l[k] - m) in w[k] (unnormalised; 0 for -inf), for the lane that holds split s to share.
+// The merge weights of one output row over its splits' LSEs (lse_merge.h), computed by a whole warp
+// whose lanes stride over the splits, so every lane has them: split s weighs exp(lse_s - m) * inv.
+// Used by the SM90 decode kernel's own merge (sm90/split_merge.cuh), from LSEs held in registers:
+// lane l's l[k] is split l + 32 k (-inf past the last split). Also leaves exp(l[k] - m) in w[k]
+// (unnormalised; 0 for -inf), for the lane that holds split s to share.
 template <int K>
 __device__ __forceinline__ RowWeights row_weights_of(const float (&l)[K], float (&w)[K]) {
   RowWeights r;
   r.m = -INFINITY;
   r.bad = false;
 #pragma unroll
-  for (int k = 0; k < K; ++k) {
-    r.bad |= isnan(l[k]);
-    r.m = fmaxf(r.m, l[k]);
-  }
+  for (int k = 0; k < K; ++k) include_lse(r, l[k]);
   r.m = warp_max(r.m);
   r.bad = __any_sync(0xffffffff, r.bad);
   r.sum = 0.f;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
-    w[k] = r.m == -INFINITY ? 0.f : expf(l[k] - r.m);
+    w[k] = lse_weight(l[k], r.m);
     r.sum += w[k];
   }
   r.sum = warp_sum(r.sum);
-  r.inv = r.m == -INFINITY ? 0.f : 1.f / r.sum;
+  r.inv = inv_weight_sum(r.m, r.sum);
   return r;
-}
-
-// The merged row's LSE: NaN if any split's was, -inf if no split saw a key.
-__device__ __forceinline__ float merged_lse(const RowWeights& r) {
-  return r.bad ? NAN : (r.m == -INFINITY ? -INFINITY : r.m + logf(r.sum));
 }
 
 // The running max is -inf until a row has seen a key; exp2 then needs a finite reference point

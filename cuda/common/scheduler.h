@@ -328,24 +328,4 @@ inline void plan_schedule_host(const int32_t* seq_lens, int batch, int num_parts
   combine[kCombineManyCount] = num_many;
 }
 
-// How one part walks its work; used by every kernel so they agree on slots.
-struct PieceOfWork {
-  int request;
-  int begin_block, end_block;  // [begin, end) in kBlockN-token blocks
-  int slot;                    // workspace slot when num_splits > 1
-  int num_splits;              // pieces the request was cut into (>= 1 here)
-};
-
-// Piece of request r inside part `info` (empty when begin_block >= end_block).
-MLA_HOST_DEVICE PieceOfWork piece_of(const int32_t* info, const int32_t* split_offsets, const int32_t* seq_lens,
-                                     int r) {
-  PieceOfWork w;
-  w.request = r;
-  w.begin_block = r == info[kPartBeginReq] ? info[kPartBeginBlock] : 0;
-  w.end_block = r == info[kPartEndReq] ? info[kPartEndBlock] : num_kv_blocks(seq_lens[r]);
-  w.slot = r == info[kPartBeginReq] ? info[kPartBeginSlot] : split_offsets[r];
-  w.num_splits = split_offsets[r + 1] - split_offsets[r];
-  return w;
-}
-
 }  // namespace jax_mla

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cuda.h>
 
-#include "params.h"
+#include "problem.h"
 
 namespace jax_mla {
 

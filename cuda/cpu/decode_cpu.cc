@@ -15,10 +15,11 @@
 #include <thread>
 #include <vector>
 
-#include "common/combine.h"
 #include "common/config.h"
-#include "common/params.h"
+#include "common/lse_merge.h"
+#include "common/problem.h"
 #include "common/scheduler.h"
+#include "common/work_iterator.h"
 #include "cpu/block_gemm.h"
 
 namespace jax_mla {
@@ -70,7 +71,7 @@ struct TaskScratch {
 
 class DecodeCpu {
  public:
-  explicit DecodeCpu(const DecodeParams& p)
+  explicit DecodeCpu(const DecodeProblem& p)
       : p_(p),
         q_(static_cast<const uint16_t*>(p.q)),
         kv_cache_(static_cast<const uint16_t*>(p.kv_cache)),
@@ -86,15 +87,10 @@ class DecodeCpu {
   void run_task(int64_t task, TaskScratch& s) const {
     const int part = static_cast<int>(task / num_m_blocks_);
     const int m_block = static_cast<int>(task % num_m_blocks_);
-    const int32_t* info = p_.schedule + static_cast<int64_t>(part) * kPartFields;  // (kPartFields)
     const int row0 = m_block * kBlockM;
     const int num_rows = std::min(kBlockM, p_.rows - row0);
-    // An empty part has end_req < begin_req and the loop does not run.
-    for (int r = info[kPartBeginReq]; r <= info[kPartEndReq]; ++r) {
-      const PieceOfWork piece = piece_of(info, split_offsets_, p_.seq_lens, r);
-      if (piece.begin_block >= piece.end_block) continue;  // only overhead units of r, or r empty
-      run_piece(piece, row0, num_rows, s);
-    }
+    const PartWork work(p_.schedule, p_.num_parts, part, p_.seq_lens);
+    work.for_each_piece([&](const PieceOfWork& piece, int) { run_piece(piece, row0, num_rows, s); });
   }
 
   // Requests the combine step visits: the schedule's combine list (num_splits != 1).
@@ -103,12 +99,11 @@ class DecodeCpu {
 
   // Merges the partial results of request r (num_splits >= 2), or writes the empty-request
   // result (num_splits == 0). Requests with one split were finished by their task.
-  void combine_request(int r, std::vector<float>& weights) const {
+  void combine_request(int r, std::vector<float>& merged) const {
     const int first_slot = split_offsets_[r];
     const int num_splits = split_offsets_[r + 1] - first_slot;
     if (num_splits == 1) return;
-    weights.resize(std::max(num_splits, 1));
-    std::vector<float> merged(kHeadDimV);  // (512)
+    merged.resize(kHeadDimV);  // (512)
     for (int row = 0; row < p_.rows; ++row) {
       const int64_t out_row = static_cast<int64_t>(r) * p_.rows + row;
       uint16_t* out = out_ + out_row * kHeadDimV;  // (512)
@@ -120,16 +115,16 @@ class DecodeCpu {
       }
       // partial_lse (max_splits, rows): this row's splits are `rows` apart.
       const float* lse_parts = p_.partial_lse + static_cast<int64_t>(first_slot) * p_.rows + row;
-      const float lse = combine_weights(lse_parts, num_splits, p_.rows, weights.data());
-      std::fill(merged.begin(), merged.end(), 0.f);
-      for (int split = 0; split < num_splits; ++split) {
+      const RowWeights wt = row_weights_serial(lse_parts, num_splits, p_.rows);
+      std::fill(merged.begin(), merged.end(), wt.bad ? NAN : 0.f);
+      for (int split = 0; !wt.bad && split < num_splits; ++split) {
         // partial_out (max_splits, rows, 512)
         const float* o = p_.partial_out + (static_cast<int64_t>(first_slot + split) * p_.rows + row) * kHeadDimV;
-        const float w = weights[split];
+        const float w = split_weight(wt, lse_parts[static_cast<int64_t>(split) * p_.rows]);
         for (int d = 0; d < kHeadDimV; ++d) merged[d] += w * o[d];
       }
       store_row(p_.dtype, merged.data(), 1.f, kHeadDimV, out);
-      p_.lse[out_row] = lse;
+      p_.lse[out_row] = merged_lse(wt);
     }
   }
 
@@ -224,7 +219,7 @@ class DecodeCpu {
     }
   }
 
-  const DecodeParams& p_;
+  const DecodeProblem& p_;
   const uint16_t* q_;               // (b, rows, 576)
   const uint16_t* kv_cache_;        // (num_pages, page_size, 576)
   uint16_t* out_;                   // (b, rows, 512)
@@ -261,7 +256,7 @@ void parallel_for(int64_t num_items, int num_threads, Body body) {
 
 }  // namespace
 
-void decode_cpu(const DecodeParams& params, int max_threads) {
+void decode_cpu(const DecodeProblem& params, int max_threads) {
   int num_threads = max_threads > 0 ? max_threads : static_cast<int>(std::thread::hardware_concurrency());
   num_threads = std::max(num_threads, 1);
   const DecodeCpu decode(params);
@@ -275,8 +270,8 @@ void decode_cpu(const DecodeParams& params, int max_threads) {
   const int combine_threads = combine_floats >= (int64_t{1} << 20) ? num_threads : 1;
   // Only the listed requests (the schedule is the host plan, checked by the handler).
   parallel_for<std::vector<float>>(decode.num_listed(), combine_threads,
-                                   [&](int64_t i, std::vector<float>& weights) {
-                                     decode.combine_request(decode.listed_request(i), weights);
+                                   [&](int64_t i, std::vector<float>& merged) {
+                                     decode.combine_request(decode.listed_request(i), merged);
                                    });
 }
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "common/params.h"
+#include "common/problem.h"
 
 namespace jax_mla {
 
@@ -23,7 +23,7 @@ namespace jax_mla {
 //     [0, num_pages);
 //   - partial_lse / partial_out hold max_splits(batch, num_parts) slots.
 // `max_threads` caps the worker threads (<= 0: std::thread::hardware_concurrency()).
-void decode_cpu(const DecodeParams& params, int max_threads = 0);
+void decode_cpu(const DecodeProblem& params, int max_threads = 0);
 
 // ---------------------------------------------------------------------------------------------
 // 16-bit float conversions (round-to-nearest-even; NaN stays NaN, overflow goes to +-inf).

@@ -1,6 +1,6 @@
 // XLA FFI handlers of the "cpu" platform: jax_mla_decode and jax_mla_decode_schedule.
 //
-// The handlers only validate, fill DecodeParams and call the CPU kernel (cuda/cpu). Unlike the
+// The handlers only validate, fill DecodeProblem and call the CPU kernel (cuda/cpu). Unlike the
 // GPU handlers they can read the data on the host, so the run-time checks (seq_lens against
 // the block table, page ids, a caller-provided schedule) end the op with an error instead of
 // producing NaN rows. A value of JAX_MLA_CPU_ISA that runtime/settings.h does not accept fails
@@ -10,7 +10,7 @@
 #include <new>
 #include <vector>
 
-#include "common/params.h"
+#include "common/problem.h"
 #include "common/scheduler.h"
 #include "cpu/decode_cpu.h"
 #include "ffi/decode_args.h"
@@ -28,7 +28,7 @@ using ffi_args::invalid_argument;
 constexpr const char* kDecodeTarget = "jax_mla_decode";
 
 // Every request's length fits its block-table row, and every page it reads exists.
-ffi::Error check_requests(const DecodeParams& p) {
+ffi::Error check_requests(const DecodeProblem& p) {
   const int64_t capacity = static_cast<int64_t>(p.max_pages) * p.page_size;
   for (int r = 0; r < p.batch; ++r) {
     const int64_t seq_len = p.seq_lens[r];
@@ -68,7 +68,7 @@ ffi::Error decode_cpu_impl(ffi::AnyBuffer q,            // (b, s_q, h_q, 576) bf
   if (const Setting<CpuIsa>& isa = settings().cpu_isa; !isa.ok()) {
     return invalid_argument(kDecodeTarget, isa.error);
   }
-  DecodeParams p = ffi_args::decode_params(shape, q, kv_cache, block_table, seq_lens, schedule, *out, *lse,
+  DecodeProblem p = ffi_args::decode_problem(shape, q, kv_cache, block_table, seq_lens, schedule, *out, *lse,
                                            softmax_scale, causal);
   if (p.batch == 0) return ffi::Error::Success();
   if (ffi::Error e = check_requests(p); e.failure()) return e;

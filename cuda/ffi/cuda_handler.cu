@@ -1,4 +1,4 @@
-// CUDA FFI handlers: decode the buffers and attributes, validate, fill DecodeParams, select the
+// CUDA FFI handlers: decode the buffers and attributes, validate, fill DecodeProblem, select the
 // kernel (runtime/device.h) and launch (runtime/decode_launch.h). No math and no device state here.
 //
 // Graph (XLA command buffer) compatibility: the execute stages allocate nothing (the split-KV
@@ -13,7 +13,7 @@
 #include <string>
 
 #include "common/launch.h"
-#include "common/params.h"
+#include "common/problem.h"
 #include "common/workspace.h"
 #include "ffi/decode_args.h"
 #include "ffi/handlers.h"
@@ -62,15 +62,18 @@ ffi::Error check_gpu_limits(const ffi_args::DecodeShape& d, int64_t workspace_by
   return ffi::Error::Success();
 }
 
-// The split-KV scratch of DecodeParams, carved out of the workspace result (common/workspace.h);
-// returns where the in-op schedule goes.
-int32_t* attach_workspace(DecodeParams& p, void* workspace) {
+// The split-KV scratch of DecodeProblem, carved out of the workspace result (common/workspace.h).
+struct WorkspaceScratch {
+  int* merge_counters;        // (b, row blocks) the SM90 in-kernel merge's counters
+  int32_t* schedule_scratch;  // where the in-op schedule goes
+};
+WorkspaceScratch attach_workspace(DecodeProblem& p, void* workspace) {
   uint8_t* ws = static_cast<uint8_t*>(workspace);
   const WorkspaceLayout layout = workspace_layout(p.batch, p.rows, p.num_parts);
   p.partial_lse = reinterpret_cast<float*>(ws + layout.partial_lse_offset);
   p.partial_out = reinterpret_cast<float*>(ws + layout.partial_out_offset);
-  p.merge_counters = reinterpret_cast<int*>(ws + layout.merge_counters_offset);
-  return reinterpret_cast<int32_t*>(ws + layout.schedule_offset);
+  return {reinterpret_cast<int*>(ws + layout.merge_counters_offset),
+          reinterpret_cast<int32_t*>(ws + layout.schedule_offset)};
 }
 
 // Initialize stage of both targets: once per device.
@@ -98,11 +101,11 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
     return ffi::Error(ffi::ErrorCode::kInternal, "jax_mla_decode: the self-check did not run in the initialize stage");
   }
 
-  DecodeParams p =
-      ffi_args::decode_params(shape, q, kv_cache, block_table, seq_lens, schedule, *out, *lse, softmax_scale, causal);
-  p.sm_count = device->sm_count;
-  int32_t* schedule_scratch = attach_workspace(p, workspace->untyped_data());
-  const LaunchStatus st = launch_decode_kernel(sel.kernel, p, schedule_scratch, stream);
+  DecodeProblem p =
+      ffi_args::decode_problem(shape, q, kv_cache, block_table, seq_lens, schedule, *out, *lse, softmax_scale, causal);
+  const WorkspaceScratch scratch = attach_workspace(p, workspace->untyped_data());
+  const LaunchStatus st = launch_decode_kernel(sel.kernel, p, device->sm_count, scratch.merge_counters,
+                                               scratch.schedule_scratch, stream);
   if (!st.ok()) {
     if (st.error != cudaSuccess) return to_ffi(cuda_status(st.what, st.error));
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_mla_decode: ") + st.what);

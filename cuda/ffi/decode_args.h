@@ -1,6 +1,6 @@
 // Static checks of the jax_mla_decode / jax_mla_decode_schedule buffers and attributes (what can
 // be checked without reading device data), against the limits of runtime/limits.h, and the
-// DecodeParams a valid call describes. Header-only so that the CPU handler and the CUDA handler
+// DecodeProblem a valid call describes. Header-only so that the CPU handler and the CUDA handler
 // report the same messages for the same mistakes.
 //
 // Buffer order and shapes are the contract of docs/design.md ("FFI targets").
@@ -12,7 +12,7 @@
 #include <string>
 
 #include "common/config.h"
-#include "common/params.h"
+#include "common/problem.h"
 #include "common/scheduler.h"
 #include "runtime/kernel_select.h"
 #include "runtime/limits.h"
@@ -180,13 +180,13 @@ inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576
   return ffi::Error::Success();
 }
 
-// The DecodeParams of a checked call: every field except the split-KV scratch pointers
-// (partial_lse, partial_out, merge_counters), which are platform specific; `schedule` is null when
+// The DecodeProblem of a checked call: every field except the split-KV scratch pointers
+// (partial_lse, partial_out), which are platform specific; `schedule` is null when
 // the call passed none (plan it in the op).
-inline DecodeParams decode_params(const DecodeShape& d, ffi::AnyBuffer q, ffi::AnyBuffer kv_cache,
+inline DecodeProblem decode_problem(const DecodeShape& d, ffi::AnyBuffer q, ffi::AnyBuffer kv_cache,
                                   ffi::AnyBuffer block_table, ffi::AnyBuffer seq_lens, ffi::AnyBuffer schedule,
                                   ffi::AnyBuffer out, ffi::AnyBuffer lse, float softmax_scale, bool causal) {
-  DecodeParams p{};
+  DecodeProblem p{};
   p.batch = d.batch;
   p.seq_q = d.seq_q;
   p.heads_q = d.heads_q;

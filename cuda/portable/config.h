@@ -38,6 +38,8 @@ inline constexpr int kThreads = 32 * kWarps;
 inline constexpr int kRowGroups = 2;                           // 16-row mma slices of the CTA
 inline constexpr int kWarpsPerRowGroup = kWarps / kRowGroups;  // 4: split K (Q K^T) and V columns (P V)
 inline constexpr int kBlockRows = 16 * kRowGroups;             // 32 query rows per CTA
+// Row blocks of kBlockRows rows covering a request's `rows` query rows (the grid's second factor).
+MLA_HOST_DEVICE int num_row_blocks(int rows) { return (rows + kBlockRows - 1) / kBlockRows; }
 
 inline constexpr int kTileKeys = 32;                    // tokens per KV sub-tile (one pipeline stage)
 inline constexpr int kTilesPerBlock = kBlockN / kTileKeys;  // 2 sub-tiles per scheduling block

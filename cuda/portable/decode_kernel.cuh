@@ -1,128 +1,34 @@
-// The portable MLA decode kernel: main loop. See config.h for the CTA layout and the budgets, and
-// docs/design.md for the semantics.
+// The portable MLA decode kernel (SM80 and later): the CTA's shared memory and work, then the main
+// loop (mainloop.cuh), which every thread runs: the loader (producer.cuh), the tensor-core work
+// (mma_tiles.cuh), the online softmax (softmax.cuh) and the epilogue (epilogue.cuh). See config.h
+// for the CTA layout and the budgets.
 //
 // Grid: num_parts * ceil(rows / 32) CTAs, one dimension; CTA x works on part x / m_blocks and query
 // rows [32 mb, 32 mb + 32), mb = x % m_blocks, of each request it touches. The row blocks of one
 // part are neighbours in launch order, so they run at the same time and read their part's KV
 // through L2 once.
-//
-// Each CTA walks the pieces of work of its part of the split-KV schedule (cuda/common/scheduler.h)
-// 32 tokens (one sub-tile, one stage) at a time. Per sub-tile j (stage j % 2):
-//   wait for stage j (cp.async group j), __syncthreads
-//   Q K^T partials (each warp 9 k-steps)      -> named barrier of the row group (partials written)
-//   sum of the 4 partials, scale, mask, online softmax, O rescale, P V (every warp of the group)
-//   __syncthreads (every warp is done reading stage j % 2), then the loader issues sub-tile j + 2
-//   into it, so sub-tile j + 1 is in flight during the whole computation of j.
-// A sub-tile that starts at or past seq_len (the second half of a request's last block) holds no
-// key: its copies are zero fills and its computation is skipped (it would leave O, m and l as they
-// are). The loop has the same barriers either way.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <cuda_runtime.h>
 
-#include "../common/config.h"
-#include "../common/params.h"
-#include "../common/scheduler.h"
+#include "../common/problem.h"
+#include "../common/work_iterator.h"
 #include "config.h"
-#include "epilogue.cuh"
-#include "kv_loader.cuh"
-#include "mma.cuh"
-#include "mma_tiles.cuh"
-#include "softmax.cuh"
+#include "mainloop.cuh"
 
 namespace jax_mla::portable {
 
-// Query rows per request handled in row blocks of kBlockRows.
-MLA_HOST_DEVICE int num_row_blocks(int rows) { return (rows + kBlockRows - 1) / kBlockRows; }
-
 template <typename Element>
-__global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ DecodeProblem p) {
   extern __shared__ __align__(128) uint8_t smem_raw[];
   auto& s = *reinterpret_cast<SharedStorage<Element>*>(smem_raw);
 
+  // CTA x: part x / m_blocks, row block x % m_blocks (the row blocks of a part are neighbours).
   const int m_blocks = num_row_blocks(p.rows);
   const int part = blockIdx.x / m_blocks;
   const int m_block = blockIdx.x % m_blocks;
-  const int32_t* part_info = p.schedule + static_cast<int64_t>(part) * kPartFields;
-  const int32_t* split_offsets = p.schedule + static_cast<int64_t>(p.num_parts) * kPartFields;
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int rg = warp / kWarpsPerRowGroup;  // row group: rows [16 rg, 16 rg + 16) of the block
-  const int wq = warp % kWarpsPerRowGroup;  // k-steps {4 b + wq} of Q K^T, columns [128 wq, +128) of O
-  const int g = lane / 4, t = lane % 4;
-  const int block_row0 = m_block * kBlockRows;
-  const int rows_valid = min(kBlockRows, p.rows - block_row0);  // rows of this block that exist
-  const int warp_rows = rows_valid - 16 * rg;                   // ... from this warp's first row on
-  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
-
-  KvLoader<Element> loader;
-  loader.init(p, part_info, split_offsets, s);
-  loader.issue(0);
-  loader.issue(1);
-
-  int j = 0;      // sub-tiles consumed so far in this part (stage j % 2)
-  int piece = 0;  // non-empty pieces consumed so far (the loader's piece ordinal)
-  for (int r = part_info[kPartBeginReq]; r <= part_info[kPartEndReq]; ++r) {
-    const PieceOfWork w = piece_of(part_info, split_offsets, p.seq_lens, r);
-    if (w.begin_block >= w.end_block) continue;
-    const int seq_len = p.seq_lens[r];
-
-    int visible[2];  // keys rows g and g + 8 of this warp may see
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = block_row0 + 16 * rg + g + 8 * i;
-      visible[i] = row < p.rows ? visible_keys(seq_len, p.seq_q, row / p.heads_q, p.causal) : seq_len;
-    }
-    const int visible_min = min(visible[0], visible[1]);
-
-    QFragments qf;
-    const int64_t request_row0 = static_cast<int64_t>(r) * p.rows;  // in (b * rows)
-    load_q<Element>(p, request_row0 + block_row0 + 16 * rg, warp_rows, wq, lane, qf);
-    OTile o;
-#pragma unroll
-    for (int n = 0; n < kOTiles; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
-    SoftmaxState st{{-INFINITY, -INFINITY}, {0.f, 0.f}};
-
-#pragma unroll 1
-    for (int sub = w.begin_block * kTilesPerBlock; sub < w.end_block * kTilesPerBlock; ++sub, ++j) {
-      const int stage = j % kStages;
-      cp_async_wait<kStages - 1>();  // this thread's copies of sub-tile j landed
-      __syncthreads();               // ... and everybody else's
-      const int first_token = sub * kTileKeys;
-      if (first_token < seq_len) {  // uniform over the CTA
-        ScoreTile sc;
-        partial_scores<Element>(s, stage, qf, wq, lane, sc);
-        sum_partial_scores<Element>(s, rg, wq, lane, sc);
-        float row_max[2], alpha[2];
-        scale_and_mask(sc, scale_log2, first_token, visible, visible_min, t, row_max);
-        online_softmax(sc, row_max, st, alpha);
-        rescale_o(o, alpha);
-        uint32_t pa[kTileKeys / 16][4];
-        p_fragments<Element>(sc, pa);
-        accumulate_pv<Element>(s, stage, pa, wq, lane, o);
-      }
-      __syncthreads();  // stage j % 2 (and partial_scores) no longer read
-      loader.issue(stage);
-    }
-
-    // Every thread saw its own tokens' pages; a bad page anywhere makes the piece NaN.
-    const bool bad = __syncthreads_or(loader.take_bad(piece)) != 0;
-    ++piece;
-    const int warp_row0 = block_row0 + 16 * rg;
-    if (w.num_splits == 1) {
-      store_rows<Element>(o, st, bad, warp_rows, wq, lane,
-                          static_cast<Element*>(p.out) + (request_row0 + warp_row0) * kHeadDimV,
-                          p.lse + request_row0 + warp_row0);
-    } else {
-      const int64_t slot_row0 = static_cast<int64_t>(w.slot) * p.rows + warp_row0;  // in (slots * rows)
-      store_rows<float>(o, st, bad, warp_rows, wq, lane, p.partial_out + slot_row0 * kHeadDimV,
-                        p.partial_lse + slot_row0);
-    }
-  }
+  mainloop<Element>(s, p, PartWork(p.schedule, p.num_parts, part, p.seq_lens), m_block);
 }
 
 }  // namespace jax_mla::portable

@@ -1,13 +1,15 @@
-// Epilogue of the portable consumers: full row sums, normalisation, and the store of this warp's
-// O[16 rows, 128 columns] either as the final output (request computed by one part) or as a
-// split-KV partial (fp32, normalised by its own sum) for the combine kernel, plus the LSE.
+// Portable kernel: the epilogue of a piece: full row sums, normalisation, and the store of this
+// warp's O[16 rows, 128 columns] either as the final output (a request of one piece) or as a
+// split-KV partial (fp32, normalised by its own sum) at the piece's slot for the combine kernel,
+// plus the LSE.
 #pragma once
 
 #include <cstdint>
 
 #include "../common/config.h"
-#include "../common/params.h"
+#include "../common/problem.h"
 #include "../common/row_math.cuh"
+#include "../common/work_iterator.h"
 #include "config.h"
 #include "mma_tiles.cuh"
 #include "softmax.cuh"
@@ -39,6 +41,24 @@ __device__ __forceinline__ void store_rows(const OTile& o, const SoftmaxState& s
       }
     }
     if (wq == 0 && t == 0) lse_row0[r] = res.lse[i];
+  }
+}
+
+// Piece w's output rows of this warp: rows [warp_row0, warp_row0 + 16) of the request (of which
+// warp_rows exist); bad: the piece read an invalid page (NaN output).
+template <typename Element>
+__device__ __forceinline__ void store_piece(const DecodeProblem& p, const PieceOfWork& w, const OTile& o,
+                                            const SoftmaxState& st, bool bad, int warp_rows, int wq, int lane,
+                                            int warp_row0) {
+  if (w.num_splits == 1) {
+    const int64_t request_row0 = static_cast<int64_t>(w.request) * p.rows;  // in (b * rows)
+    store_rows<Element>(o, st, bad, warp_rows, wq, lane,
+                        static_cast<Element*>(p.out) + (request_row0 + warp_row0) * kHeadDimV,
+                        p.lse + request_row0 + warp_row0);
+  } else {
+    const int64_t slot_row0 = static_cast<int64_t>(w.slot) * p.rows + warp_row0;  // in (slots * rows)
+    store_rows<float>(o, st, bad, warp_rows, wq, lane, p.partial_out + slot_row0 * kHeadDimV,
+                      p.partial_lse + slot_row0);
   }
 }
 

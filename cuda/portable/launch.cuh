@@ -16,7 +16,7 @@ cudaError_t setup_decode() {
 }
 
 template <typename Element>
-cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
+cudaError_t launch_decode(const DecodeProblem& p, cudaStream_t stream) {
   const int64_t ctas = static_cast<int64_t>(p.num_parts) * num_row_blocks(p.rows);
   if (ctas > INT32_MAX) return cudaErrorInvalidConfiguration;  // an absurd num_parts
   cudaLaunchAttribute attr;

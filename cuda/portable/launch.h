@@ -4,7 +4,7 @@
 
 #include <cuda_runtime.h>
 
-#include "../common/params.h"
+#include "../common/problem.h"
 
 namespace jax_mla::portable {
 
@@ -16,6 +16,6 @@ cudaError_t setup_decode();
 // programmatic dependent launch: the same code runs from PTX on GPUs without it). p.schedule must
 // be set; the combine kernel runs after it (launch_combine with programmatic = false).
 template <typename Element>
-cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream);
+cudaError_t launch_decode(const DecodeProblem& p, cudaStream_t stream);
 
 }  // namespace jax_mla::portable

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "../common/config.h"
-#include "../common/params.h"
+#include "../common/problem.h"
 #include "../common/ptx.cuh"
 #include "config.h"
 #include "mma.cuh"
@@ -24,7 +24,7 @@ using OTile = float[kOTiles][4];
 // Loads qf from global memory once per piece of work. row0 is this warp's first row in (b * rows)
 // and rows_left the rows that exist from row0 on (padding rows of the last row block read as 0).
 template <typename Element>
-__device__ __forceinline__ void load_q(const DecodeParams& p, int64_t row0, int rows_left, int wq, int lane,
+__device__ __forceinline__ void load_q(const DecodeProblem& p, int64_t row0, int rows_left, int wq, int lane,
                                        QFragments& qf) {
   const int g = lane / 4, t = lane % 4;
   const Element* q = static_cast<const Element*>(p.q);  // (b * rows, 576)

@@ -59,7 +59,7 @@ namespace {
 
 // The TMA descriptors of the SM90 / SM100 kernels: (b * s_q * h_q, 576) for Q in boxes of
 // (64, 64); (num_pages * page_size, 576) for the cache in boxes of (min(page_size, 64), 64).
-bool make_decode_maps(const DecodeParams& p, CUtensorMap* q_map, CUtensorMap* kv_map, const char** error) {
+bool make_decode_maps(const DecodeProblem& p, CUtensorMap* q_map, CUtensorMap* kv_map, const char** error) {
   return make_tensor_map_2d(q_map, p.q, p.dtype, static_cast<uint64_t>(p.batch) * p.rows, kHeadDimQK, kHeadDimQK,
                             kBlockM, 64, error) &&
          make_tensor_map_2d(kv_map, p.kv_cache, p.dtype, static_cast<uint64_t>(p.num_pages) * p.page_size,
@@ -68,7 +68,8 @@ bool make_decode_maps(const DecodeParams& p, CUtensorMap* q_map, CUtensorMap* kv
 
 }  // namespace
 
-LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedule_scratch, cudaStream_t stream) {
+LaunchStatus launch_decode_kernel(Kernel kernel, DecodeProblem p, int sm_count, int* merge_counters,
+                                  int32_t* schedule_scratch, cudaStream_t stream) {
   LaunchStatus st;
   const bool bf16 = p.dtype == DType::kBF16;
   CUtensorMap q_map, kv_map, kv_group_map;
@@ -86,22 +87,24 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedu
   // The SM90 kernel merges split requests itself where its grid fits at once and the caller gave
   // the arrival counters (sm90/split_merge.cuh): they start at zero, and no combine kernel follows.
 #ifdef JAX_MLA_HAVE_SM90
-  p.fused_merge = kernel == Kernel::kSm90 && p.merge_counters != nullptr && sm90::fused_merge_fits(p);
+  const sm90::LaunchPlan sm90_plan =
+      sm90::make_launch_plan(p, sm_count, kernel == Kernel::kSm90 ? merge_counters : nullptr);
+  const bool fused_merge = sm90_plan.fused_merge;
 #else
-  p.fused_merge = false;
+  const bool fused_merge = false;
 #endif
   // The merge's counters are zeroed by the scheduler kernel when it runs (an operation less per
   // call), by a memset when the caller passed a precomputed schedule.
-  const int64_t counter_bytes = p.fused_merge ? merge_counters_bytes(p.batch, p.rows) : 0;
-  if (p.fused_merge && p.schedule != nullptr) {
-    if ((st.error = cudaMemsetAsync(p.merge_counters, 0, counter_bytes, stream)) != cudaSuccess) {
+  const int64_t counter_bytes = fused_merge ? merge_counters_bytes(p.batch, p.rows) : 0;
+  if (fused_merge && p.schedule != nullptr) {
+    if ((st.error = cudaMemsetAsync(merge_counters, 0, counter_bytes, stream)) != cudaSuccess) {
       st.what = "merge counter reset";
       return st;
     }
   }
-  st.fused_merge = p.fused_merge;
+  st.fused_merge = fused_merge;
   if (p.schedule == nullptr) {
-    if ((st.error = launch_schedule(p.seq_lens, p.batch, p.num_parts, schedule_scratch, stream, p.merge_counters,
+    if ((st.error = launch_schedule(p.seq_lens, p.batch, p.num_parts, schedule_scratch, stream, merge_counters,
                                     static_cast<int>(counter_bytes / sizeof(int32_t)))) != cudaSuccess) {
       st.what = "scheduler launch";
       return st;
@@ -115,8 +118,8 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedu
   switch (kernel) {
     case Kernel::kSm90:
 #ifdef JAX_MLA_HAVE_SM90
-      st.error = bf16 ? sm90::launch_decode<__nv_bfloat16>(p, q_map, kv_map, kv_group_map, stream)
-                      : sm90::launch_decode<__half>(p, q_map, kv_map, kv_group_map, stream);
+      st.error = bf16 ? sm90::launch_decode<__nv_bfloat16>(p, sm90_plan, q_map, kv_map, kv_group_map, stream)
+                      : sm90::launch_decode<__half>(p, sm90_plan, q_map, kv_map, kv_group_map, stream);
 #else
       st.error = cudaErrorInvalidDeviceFunction;
 #endif
@@ -138,8 +141,8 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedu
     st.what = "decode kernel launch";
     return st;
   }
-  if (p.fused_merge) return st;
-  if ((st.error = launch_combine(p, p.sm_count, programmatic, stream)) != cudaSuccess) st.what = "combine kernel launch";
+  if (fused_merge) return st;
+  if ((st.error = launch_combine(p, sm_count, programmatic, stream)) != cudaSuccess) st.what = "combine kernel launch";
   return st;
 }
 

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "common/params.h"
+#include "common/problem.h"
 #include "runtime/kernel_select.h"
 
 namespace jax_mla {
@@ -24,9 +24,12 @@ struct LaunchStatus {
   bool ok() const { return what == nullptr; }
 };
 
-// p: validated parameters with partial_lse / partial_out pointing into the workspace. When
+// p: the validated problem with partial_lse / partial_out pointing into the workspace. When
 // p.schedule is null the schedule is planned on the device into schedule_scratch
-// (schedule_size(b, num_parts) int32) first. kernel: kSm90, kSm100 or kPortable.
-LaunchStatus launch_decode_kernel(Kernel kernel, DecodeParams p, int32_t* schedule_scratch, cudaStream_t stream);
+// (schedule_size(b, num_parts) int32) first. kernel: kSm90, kSm100 or kPortable. sm_count: the
+// device's SMs (0: unknown) for sizing grids; merge_counters: the workspace's SM90 merge counters
+// (nullptr: no in-kernel merge).
+LaunchStatus launch_decode_kernel(Kernel kernel, DecodeProblem p, int sm_count, int* merge_counters,
+                                  int32_t* schedule_scratch, cudaStream_t stream);
 
 }  // namespace jax_mla

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "common/params.h"
+#include "common/problem.h"
 #include "common/scheduler.h"
 #include "common/workspace.h"
 #include "runtime/decode_launch.h"
@@ -123,7 +123,7 @@ std::string cuda_failure(const char* what, cudaError_t e) {
 
 template <typename Element>
 bool run_one(Kernel kernel, const Buffers& b, cudaStream_t stream, Result* res, std::string* error) {
-  DecodeParams p{};
+  DecodeProblem p{};
   p.batch = kBatch;
   p.seq_q = kSeqQ;
   p.heads_q = kHeads;
@@ -150,7 +150,8 @@ bool run_one(Kernel kernel, const Buffers& b, cudaStream_t stream, Result* res, 
   cudaError_t e = cudaMemsetAsync(b.base + b.out, 0xFF, static_cast<size_t>(kBatch) * kRows * kHeadDimV * 2, stream);
   if (e == cudaSuccess) e = cudaMemsetAsync(b.base + b.lse, 0xFF, kBatch * kRows * 4, stream);
   if (e != cudaSuccess) return *error = cuda_failure("cudaMemsetAsync", e), false;
-  const LaunchStatus st = launch_decode_kernel(kernel, p, reinterpret_cast<int32_t*>(ws + w.schedule_offset), stream);
+  const LaunchStatus st = launch_decode_kernel(kernel, p, /*sm_count=*/0, /*merge_counters=*/nullptr,
+                                               reinterpret_cast<int32_t*>(ws + w.schedule_offset), stream);
   if (!st.ok()) {
     *error = st.error != cudaSuccess ? cuda_failure(st.what, st.error) : std::string(st.what);
     return false;

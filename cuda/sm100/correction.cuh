@@ -16,9 +16,9 @@
 
 #include <cstdint>
 
-#include "../common/params.h"
+#include "../common/problem.h"
 #include "../common/ptx.cuh"
-#include "../common/scheduler.h"
+#include "../common/work_iterator.h"
 #include "config.h"
 #include "descriptors.h"
 #include "epilogue.cuh"
@@ -41,9 +41,8 @@ __device__ __forceinline__ void rescale_o(uint32_t tmem, uint32_t lane_base, flo
 }
 
 template <typename Element>
-__device__ __forceinline__ void correction_main(SharedStorage<Element>& s, const DecodeParams& p,
-                                                const int32_t* part_info, const int32_t* split_offsets, int m_block,
-                                                uint32_t tmem) {
+__device__ __forceinline__ void correction_main(SharedStorage<Element>& s, const DecodeProblem& p,
+                                                const PartWork& work, int m_block, uint32_t tmem) {
   const int thread = threadIdx.x - kCorrectionWarp0 * 32;  // 0..127
   const int quarter = thread / 32;
   const int row = 32 * (quarter & 1) + (thread % 32);
@@ -53,10 +52,7 @@ __device__ __forceinline__ void correction_main(SharedStorage<Element>& s, const
 
   uint32_t ev = 0;       // rescale events so far (alpha slot ev % 2)
   uint32_t o_phase = 0;  // P V completions waited for so far, mod 2
-  int piece_count = 0;
-  for (int r = part_info[kPartBeginReq]; r <= part_info[kPartEndReq]; ++r) {
-    const PieceOfWork w = piece_of(part_info, split_offsets, p.seq_lens, r);
-    if (w.begin_block >= w.end_block) continue;
+  work.for_each_piece([&](const PieceOfWork& w, int piece_count) {
     const int n = w.end_block - w.begin_block;
 
     ptx::mbarrier_arrive(&s.o_ready);  // P V_0 of this piece overwrites O
@@ -83,7 +79,7 @@ __device__ __forceinline__ void correction_main(SharedStorage<Element>& s, const
         finish_row(s.final_max[pp][row], s.final_sum[pp][0][row] + s.final_sum[pp][1][row], s.final_bad[pp] != 0);
     const bool writes_lse = col_quarter == 0 && row < rows_valid;
     if (w.num_splits == 1) {
-      const int64_t row0 = static_cast<int64_t>(r) * p.rows + m_block * kBM;  // in (b * rows)
+      const int64_t row0 = static_cast<int64_t>(w.request) * p.rows + m_block * kBM;  // in (b * rows)
       store_o(tmem, lane_base, row, col_quarter, rows_valid, res.inv_sum,
               static_cast<Element*>(p.out) + row0 * kHeadDimV);
       if (writes_lse) p.lse[row0 + row] = res.lse;
@@ -93,8 +89,7 @@ __device__ __forceinline__ void correction_main(SharedStorage<Element>& s, const
       if (writes_lse) p.partial_lse[prow0 + row] = res.lse;
     }
     tc::fence_before_thread_sync();  // our TMEM loads are done before the next o_ready arrival
-    ++piece_count;
-  }
+  });
 }
 
 }  // namespace jax_mla::sm100

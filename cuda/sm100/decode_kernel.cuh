@@ -5,10 +5,10 @@
 //   softmax.cuh     warps 4-7   S from TMEM, online softmax, P into shared memory
 //   correction.cuh  warps 8-11  O rescaled in TMEM, epilogue (epilogue.cuh)
 //
-// Grid: (num_parts, num_m_blocks), like SM90. CTA (p, mb) walks the pieces of work of part p of the
-// split-KV schedule (cuda/common/scheduler.h, piece_of) for query rows [64 mb, 64 mb + 64) of each
-// request; every role walks the same pieces independently and counts tiles the same way, so the
-// slots and phases of every barrier agree without further communication.
+// Grid: (num_parts, num_m_blocks). CTA (p, mb) walks the pieces of work of part p of the split-KV
+// schedule (cuda/common/work_iterator.h) for query rows [64 mb, 64 mb + 64) of each request; every
+// role walks the same pieces independently and counts tiles the same way, so the slots and phases
+// of every barrier agree without further communication.
 //
 // Barriers (shared memory; arrival counts in config.h's SharedStorage): each is used as a ring of
 // one or two slots whose waiter, for use k, always passes its wait before use k + 1 can complete
@@ -30,9 +30,9 @@
 
 #include "../common/config.h"
 #include "../common/kv_producer.cuh"
-#include "../common/params.h"
+#include "../common/problem.h"
 #include "../common/ptx.cuh"
-#include "../common/scheduler.h"
+#include "../common/work_iterator.h"
 #include "config.h"
 #include "correction.cuh"
 #include "mma.cuh"
@@ -56,7 +56,7 @@ namespace jax_mla::sm100 {
 
 template <typename Element>
 __global__ void __launch_bounds__(kThreads, 1)
-    decode_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap q_map,
+    decode_kernel(const __grid_constant__ DecodeProblem p, const __grid_constant__ CUtensorMap q_map,
                   const __grid_constant__ CUtensorMap kv_map) {
 #if JAX_MLA_SM100_DEVICE
   extern __shared__ uint8_t smem_raw[];
@@ -97,16 +97,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   ptx::grid_dependency_wait();
   ptx::grid_launch_dependents();
 
-  const int32_t* part_info = p.schedule + static_cast<int64_t>(blockIdx.x) * kPartFields;
-  const int32_t* split_offsets = p.schedule + static_cast<int64_t>(p.num_parts) * kPartFields;
+  const PartWork work(p.schedule, p.num_parts, blockIdx.x, p.seq_lens);
+  const int m_block = blockIdx.y;
   if (warp == kProducerWarp) {
-    if (lane == 0) producer_main(s, p, &q_map, &kv_map, part_info, split_offsets, blockIdx.y);
+    if (lane == 0) producer_main(s, p, &q_map, &kv_map, work, m_block);
   } else if (warp == kMmaWarp) {
-    if (lane == 0) mma_main(s, p, part_info, split_offsets, tmem);
+    if (lane == 0) mma_main(s, work, tmem);
   } else if (warp >= kSoftmaxWarp0 && warp < kSoftmaxWarp0 + 4) {
-    softmax_main(s, p, part_info, split_offsets, blockIdx.y, tmem);
+    softmax_main(s, p, work, m_block, tmem);
   } else if (warp >= kCorrectionWarp0) {
-    correction_main(s, p, part_info, split_offsets, blockIdx.y, tmem);
+    correction_main(s, p, work, m_block, tmem);
   }
 
   // Teardown: the epilogue waited for the last P V, which completes after every other MMA of this CTA

@@ -14,7 +14,7 @@ cudaError_t setup_decode() {
 }
 
 template <typename Element>
-cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
+cudaError_t launch_decode(const DecodeProblem& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
                           cudaStream_t stream) {
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = pdl_launch_config(dim3(p.num_parts, (p.rows + kBM - 1) / kBM), dim3(kThreads),

@@ -4,7 +4,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include "../common/params.h"
+#include "../common/problem.h"
 
 namespace jax_mla::sm100 {
 
@@ -19,7 +19,7 @@ cudaError_t setup_decode();
 // (min(page_size, 64) rows, 64 cols). Only valid on a device of compute capability 10.0 or 10.3;
 // the caller dispatches.
 template <typename Element>
-cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
+cudaError_t launch_decode(const DecodeProblem& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
                           cudaStream_t stream);
 
 }  // namespace jax_mla::sm100

@@ -26,9 +26,9 @@
 #include <type_traits>
 
 #include "../common/kv_producer.cuh"
-#include "../common/params.h"
+#include "../common/problem.h"
 #include "../common/ptx.cuh"
-#include "../common/scheduler.h"
+#include "../common/work_iterator.h"
 #include "config.h"
 #include "descriptors.h"
 #include "tcgen05.cuh"
@@ -101,16 +101,12 @@ struct MmaIssuer {
 };
 
 template <typename Element>
-__device__ __forceinline__ void mma_main(SharedStorage<Element>& s, const DecodeParams& p, const int32_t* part_info,
-                                         const int32_t* split_offsets, uint32_t tmem) {
+__device__ __forceinline__ void mma_main(SharedStorage<Element>& s, const PartWork& work, uint32_t tmem) {
   const MmaIssuer<Element> mma{s, KVConsumer<kNumKvStages>{&s.kv_bars}, tmem};
   PipelineState<kNumKvStages> st;  // this thread's view of the KV ring
   uint32_t g = 0;                  // tiles of this CTA so far (S / P slot g % 2)
   uint32_t o_phase = 0;            // uses of o_ready so far, mod 2
-  int piece_count = 0;
-  for (int r = part_info[kPartBeginReq]; r <= part_info[kPartEndReq]; ++r) {
-    const PieceOfWork w = piece_of(part_info, split_offsets, p.seq_lens, r);
-    if (w.begin_block >= w.end_block) continue;
+  work.for_each_piece([&](const PieceOfWork& w, int piece_count) {
     const int n = w.end_block - w.begin_block;
 
     ptx::mbarrier_wait(&s.q_full, piece_count & 1);
@@ -137,8 +133,7 @@ __device__ __forceinline__ void mma_main(SharedStorage<Element>& s, const Decode
       st = st_next;
       ++g;
     }
-    ++piece_count;
-  }
+  });
 }
 
 }  // namespace jax_mla::sm100

@@ -10,22 +10,21 @@
 #include <cuda.h>
 
 #include "../common/kv_producer.cuh"
-#include "../common/params.h"
+#include "../common/problem.h"
 #include "../common/ptx.cuh"
-#include "../common/scheduler.h"
+#include "../common/work_iterator.h"
 #include "config.h"
 
 namespace jax_mla::sm100 {
 
 template <typename Element>
-__device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const DecodeParams& p, const CUtensorMap* q_map,
-                                              const CUtensorMap* kv_map, const int32_t* part_info,
-                                              const int32_t* split_offsets, int m_block) {
+__device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const DecodeProblem& p, const CUtensorMap* q_map,
+                                              const CUtensorMap* kv_map, const PartWork& work, int m_block) {
   DecodeKVProducer<Element, kNumKvStages> producer{&s.kv_bars, &s.kv[0][0][0], {}};
   // Per-stage flag, written before the tile's arrivals (release): whoever acquires the stage's full
   // barriers for this tile sees it. The softmax warpgroup folds it into the piece's result.
   produce_part(
-      producer, p, q_map, kv_map, part_info, split_offsets, m_block, &s.q[0][0], &s.q_full, &s.q_empty,
+      producer, p, q_map, kv_map, work, m_block, &s.q[0][0], &s.q_full, &s.q_empty,
       [](int) {}, [&](int, int stage, bool ok) { s.tile_bad[stage] = ok ? 0 : 1; });
 }
 

@@ -26,10 +26,10 @@
 #include <type_traits>
 
 #include "../common/kv_producer.cuh"
-#include "../common/params.h"
+#include "../common/problem.h"
 #include "../common/ptx.cuh"
 #include "../common/row_math.cuh"
-#include "../common/scheduler.h"
+#include "../common/work_iterator.h"
 #include "config.h"
 #include "descriptors.h"
 #include "tcgen05.cuh"
@@ -69,8 +69,8 @@ __device__ __forceinline__ void zero_dead_v_rows(SharedStorage<Element>& s, int 
 }
 
 template <typename Element>
-__device__ __forceinline__ void softmax_main(SharedStorage<Element>& s, const DecodeParams& p, const int32_t* part_info,
-                                             const int32_t* split_offsets, int m_block, uint32_t tmem) {
+__device__ __forceinline__ void softmax_main(SharedStorage<Element>& s, const DecodeProblem& p, const PartWork& work,
+                                             int m_block, uint32_t tmem) {
   const int thread = threadIdx.x - kSoftmaxWarp0 * 32;  // 0..127
   const int quarter = thread / 32;                      // == warp % 4: TMEM lanes 32 quarter ..
   const int row = 32 * (quarter & 1) + (thread % 32);
@@ -83,11 +83,8 @@ __device__ __forceinline__ void softmax_main(SharedStorage<Element>& s, const De
   PipelineState<kNumKvStages> st;
   uint32_t g = 0;   // tiles so far (S / P slot g % 2)
   uint32_t ev = 0;  // rescale events so far (tiles after a piece's first), alpha slot ev % 2
-  int piece_count = 0;
-  for (int r = part_info[kPartBeginReq]; r <= part_info[kPartEndReq]; ++r) {
-    const PieceOfWork w = piece_of(part_info, split_offsets, p.seq_lens, r);
-    if (w.begin_block >= w.end_block) continue;
-    const int seq_len = p.seq_lens[r];
+  work.for_each_piece([&](const PieceOfWork& w, int piece_count) {
+    const int seq_len = work.seq_len(w);
     // Padding rows past p.rows are never stored; give them the full length (finite, harmless).
     const int visible = q_row < p.rows ? visible_keys(seq_len, p.seq_q, q_row / p.heads_q, p.causal) : seq_len;
 
@@ -169,8 +166,7 @@ __device__ __forceinline__ void softmax_main(SharedStorage<Element>& s, const De
     if (half == 0) s.final_max[pp][row] = m_ref;
     if (thread == 0) s.final_bad[pp] = bad;
     ptx::mbarrier_arrive(&s.stats_full[pp]);
-    ++piece_count;
-  }
+  });
 }
 
 }  // namespace jax_mla::sm100

@@ -3,7 +3,7 @@
 // CTA = 3 warpgroups (384 threads), one CTA per SM:
 //   warpgroup 0: the KV producer (one elected thread issues every TMA copy; registers shrunk to
 //                kProducerRegs with setmaxnreg so the consumers can grow);
-//   warpgroups 1, 2: consumers 0 and 1, "seesaw" schedule (decode_kernel.cuh). Consumer c owns the
+//   warpgroups 1, 2: consumers 0 and 1, "seesaw" schedule (mainloop.cuh). Consumer c owns the
 //                CTA's tiles g with g % 2 == c: it computes their whole Q K^T (wgmma m64n64k16, Q and K
 //                from smem) and softmax, keeps P in registers for its own P V and writes it into the
 //                tile's dead RoPE box for the other consumer. P V is split by V columns: consumer c

@@ -14,13 +14,14 @@ cudaError_t setup_decode() {
 }
 
 template <typename Element>
-cudaError_t launch_decode(const DecodeParams& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
-                          const CUtensorMap& kv_group_map, cudaStream_t stream) {
-  // Row blocks first: the row blocks of one part, which read the same KV tiles, get consecutive CTA ids.
+cudaError_t launch_decode(const DecodeProblem& p, const LaunchPlan& plan, const CUtensorMap& q_map,
+                          const CUtensorMap& kv_map, const CUtensorMap& kv_group_map, cudaStream_t stream) {
+  // Row blocks first: the row blocks of one part, which read the same KV tiles, get consecutive CTA ids
+  // (decode_kernel.cuh).
   const dim3 grid(num_row_blocks(p.rows), p.num_parts);
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = pdl_launch_config(grid, dim3(kThreads), kSmemBytes<Element>, stream, &attr);
-  return cudaLaunchKernelEx(&cfg, decode_kernel<Element>, p, q_map, kv_map, kv_group_map);
+  return cudaLaunchKernelEx(&cfg, decode_kernel<Element>, p, plan, q_map, kv_map, kv_group_map);
 }
 
 }  // namespace jax_mla::sm90

@@ -1,10 +1,10 @@
-// Online softmax of the SM90 consumers. The owner of a KV tile (see decode_kernel.cuh) holds its
+// Online softmax of the SM90 consumers. The owner of a KV tile (see mainloop.cuh) holds its
 // scores, (64 rows, 64 keys), in wgmma accumulator layout.
 //
 // Scores are kept in log2 units (scale * log2(e) folded into one FMA before exp2). Every row of a
 // tile lives in one quad of lanes (4 threads x 16 values), so row reductions are two shuffles.
 // The owner publishes the new reference max of each row with P (lazy: it moves only when the max
-// outgrows it by kLazyRescaleSlack; see owner_step); the other consumer takes it from shared memory,
+// outgrows it by kLazyRescaleSlack; move_reference); the other consumer takes it from shared memory,
 // so both rescale their halves of O by bit-identical factors.
 #pragma once
 
@@ -109,6 +109,48 @@ __device__ __forceinline__ void store_p(const PFragment& a, const RowCoords& rc,
       *reinterpret_cast<uint32_t*>(dst) = a[2 * j + i];  // keys 8 j + qc + {0, 1} of row[i]
     }
   }
+}
+
+// Per-row state of one consumer over one piece: the reference max m (log2 units, the same in both
+// consumers after every tile; it may lag the running max by up to kLazyRescaleSlack, see
+// move_reference) and this consumer's partial row sums l (its own tiles' P), which are rescaled
+// with O. l of both consumers add up to the softmax denominator in the epilogue, whose LSE is
+// m + log2(l) for whichever reference m the sums were taken against.
+struct RowState {
+  float m[2];
+  float l[2];
+};
+
+// alpha = exp2(m_old - m_new) with a finite reference point for rows that have seen no key yet
+// (m = -inf): O and l are still 0 there, and -inf - -inf must not make a NaN.
+__device__ __forceinline__ float rescale_factor(float m_old, float m_new) {
+  return ptx::exp2_approx(m_old - finite_or_zero(m_new));
+}
+
+// The owner's update of the reference max from its tile's row maxima (log2 units): alpha, the
+// factor O and l are rescaled by, and m_ref, the finite reference P is exponentiated against.
+// Lazy rescaling (config.h kLazyRescaleSlack): the reference moves to the tile's max only when that
+// exceeds it by more than the slack, so most tiles keep alpha == 1 exactly and rescale_o skips O.
+// -inf + slack is -inf: a row's first key always sets it.
+__device__ __forceinline__ void move_reference(const float (&tile_max)[2], RowState& rs, float (&alpha)[2],
+                                               float (&m_ref)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float m_new = tile_max[i] > rs.m[i] + kLazyRescaleSlack ? tile_max[i] : rs.m[i];
+    alpha[i] = rescale_factor(rs.m[i], m_new);
+    m_ref[i] = finite_or_zero(m_new);
+    rs.m[i] = m_new;
+  }
+}
+
+// O *= alpha per row: o is a (64, 256) wgmma accumulator fragment (wgmma.cuh layout, row i of the
+// thread at o[4 j + 2 i + e]).
+__device__ __forceinline__ void rescale_o(float (&o)[128], const float (&alpha)[2]) {
+  // Lazy: most tiles do not move the max of any row of a warp (alpha == 1 exactly), and the 128
+  // multiplications are the largest CUDA-core cost of a tile. The vote keeps the branch warp-uniform.
+  if (__all_sync(0xffffffff, alpha[0] == 1.f && alpha[1] == 1.f)) return;
+#pragma unroll
+  for (int k = 0; k < 128; ++k) o[k] *= alpha[(k >> 1) & 1];
 }
 
 }  // namespace jax_mla::sm90

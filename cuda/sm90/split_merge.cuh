@@ -1,5 +1,5 @@
-// In-kernel merge of split-KV partials (SM90 decode kernel, p.fused_merge: used wherever it fits,
-// decode_launch.cu; the combine kernel merges the other calls).
+// SM90 role: the in-kernel merge of split-KV partials (LaunchPlan::fused_merge, launch_plan.h: used
+// wherever it fits; the combine kernel merges the other calls).
 //
 // Without it, every piece of a split request stores its fp32 partial (O normalised by its own sum,
 // and its LSE) and a second kernel (cuda/common/combine.cu) merges them once the whole decode grid
@@ -13,12 +13,12 @@
 //      semaphore pattern);
 //   2. that thread spins until the counter reaches n (acquire), a second barrier releases the rest;
 //   3. piece j (its slot - split_offsets[r]) merges rows [j R, j R + R), R = ceil(rows / n), with
-//      the math of combine.h (same NaN / -inf rules), and writes the output rows and their LSE.
+//      the arithmetic of lse_merge.h (same NaN / -inf rules), and writes the output rows and their LSE.
 // Waiting on other CTAs needs every CTA of the grid resident at once: the launcher turns this on
-// only when the grid is at most one CTA per SM (decode_launch.cu), and the wait has a time bound
+// only when the grid is at most one CTA per SM (launch_plan.h fused_merge_fits), and the wait has a time bound
 // (kMergeTimeoutNs) that traps instead of hanging. The counters (b, row blocks) are zeroed before
 // the kernel by the scheduler kernel, or by a memset when the call was given a precomputed
-// schedule (decode_launch.cu). Requests with no piece (seq_len <= 0) are written by the
+// schedule (cuda/ffi/decode_launch.cu). Requests with no piece (seq_len <= 0) are written by the
 // producer warpgroup's idle warps at the start (write_empty_requests).
 #pragma once
 
@@ -27,12 +27,14 @@
 #include <type_traits>
 
 #include "../common/config.h"
-#include "../common/params.h"
+#include "../common/problem.h"
 #include "../common/ptx.cuh"
+#include "../common/lse_merge.h"
 #include "../common/row_math.cuh"
 #include "../common/scheduler.h"
+#include "../common/work_iterator.h"
 #include "config.h"
-#include "launch.h"
+#include "launch_plan.h"
 #include "softmax.cuh"
 
 namespace jax_mla::sm90 {
@@ -40,7 +42,7 @@ namespace jax_mla::sm90 {
 inline constexpr int kMergeWarps = kConsumerThreads / 32;          // 8: both consumers
 // Splits a row may have (num_splits <= num_parts): lane l holds the LSEs of splits l + 32 k.
 inline constexpr int kMergeLseRegs = 5;
-static_assert(32 * kMergeLseRegs == kFusedMergeMaxParts, "launch.h's part limit is what the merge can hold");
+static_assert(32 * kMergeLseRegs == kFusedMergeMaxParts, "launch_plan.h's part limit is what the merge can hold");
 // A wait longer than this is a bug (or CTAs that cannot all be resident): trap, do not hang.
 inline constexpr uint64_t kMergeTimeoutNs = 10ull * 1000 * 1000 * 1000;
 
@@ -66,14 +68,14 @@ __device__ __forceinline__ void wait_pieces(const int* counter, int n, int threa
 // first_slot .. first_slot + n - 1. The 8 warps take kMergeWarps / kWarpsPerRow rows at a time, each
 // row by kWarpsPerRow warps sharing its 512 columns; a lane holds kColsPerLane of them as vectors
 // of kVec floats, vector j of lane l at column part * kColsPerWarp + (32 j + l) kVec (coalesced).
-// The row's weights (combine.h's math) are computed by its own warps only, so few warps per row
+// The row's weights (lse_merge.h) are computed by its own warps only, so few warps per row
 // means little repeated work: with one warp per row a row costs about (loads + 16 FMA) per split
-// and lane, against 8x the LSE loads, reductions and exps when all warps shared every row (the
-// first version: 4.7 M of the kernel's 9.8 M warp instructions at b16/1K on an H100, ncu,
+// and lane, against 8x the LSE loads, reductions and exps when all warps share every row (that
+// layout spent 4.7 M of the kernel's 9.8 M warp instructions at b16/1K on an H100, ncu,
 // 2026-12-06). U splits' loads per row are in flight together: every load of a round is issued
 // before the first is used.
 template <typename Element, int kWarpsPerRow, int U>
-__device__ __forceinline__ void merge_rows(const DecodeParams& p, int request, int row_begin, int row_end,
+__device__ __forceinline__ void merge_rows(const DecodeProblem& p, int request, int row_begin, int row_end,
                                            int first_slot, int n, int thread) {
   constexpr int kRowsAtOnce = kMergeWarps / kWarpsPerRow;
   constexpr int kColsPerWarp = kHeadDimV / kWarpsPerRow;
@@ -159,7 +161,7 @@ __device__ __forceinline__ void merge_rows(const DecodeParams& p, int request, i
 // (b16/1K: 16 of 64 over 4 pieces): one warp per row, 8 rows at a time, 4 splits' loads in flight;
 // a few: two warps per row; one row (b1/32K: 64 pieces): all 8 warps on it, 32 splits in flight.
 template <typename Element>
-__device__ __forceinline__ void merge_piece_rows(const DecodeParams& p, int request, int m_block, int rows_valid,
+__device__ __forceinline__ void merge_piece_rows(const DecodeProblem& p, int request, int m_block, int rows_valid,
                                                  int first_slot, int n, int piece, int thread) {
   // Loaded values are per-thread to ptxas: shuffled from lane 0, the loops and branches below are
   // provably warp-uniform, which keeps ptxas from serialising the kernel's wgmmas (C7520).
@@ -184,7 +186,7 @@ __device__ __forceinline__ void merge_piece_rows(const DecodeParams& p, int requ
 // negative (invalid) length, as combine.cu writes them. CTA `cta` of `num_ctas` takes list entries
 // cta, cta + num_ctas, ...; `thread` 0 .. num_threads - 1 of the calling warps.
 template <typename Element>
-__device__ __forceinline__ void write_empty_requests(const DecodeParams& p, int cta, int num_ctas, int thread,
+__device__ __forceinline__ void write_empty_requests(const DecodeProblem& p, int cta, int num_ctas, int thread,
                                                      int num_threads) {
   const int32_t* split_offsets = p.schedule + split_offsets_begin(p.num_parts);  // (b + 1)
   const int32_t* combine = p.schedule + combine_begin(p.batch, p.num_parts);     // (kCombineHeader + b)
@@ -202,9 +204,9 @@ __device__ __forceinline__ void write_empty_requests(const DecodeParams& p, int 
   }
 }
 
-// The (request, row block) arrival counter: (b, ceil(rows / 64)) int32.
-__device__ __forceinline__ int* merge_counter(const DecodeParams& p, int request, int m_block) {
-  return p.merge_counters + static_cast<int64_t>(request) * num_row_blocks(p.rows) + m_block;
+// The (request, row block) arrival counter: plan.merge_counters is (b, ceil(rows / 64)) int32.
+__device__ __forceinline__ int* merge_counter(const LaunchPlan& plan, const DecodeProblem& p, int request, int m_block) {
+  return plan.merge_counters + static_cast<int64_t>(request) * num_row_blocks(p.rows) + m_block;
 }
 
 // Both consumers, after the CTA's last piece: for each split piece of the part (only its first and
@@ -212,18 +214,17 @@ __device__ __forceinline__ int* merge_counter(const DecodeParams& p, int request
 // other pieces and merge this piece's share of the rows. Nothing is carried through the piece loop
 // (registers there are the wgmma accumulators'); the schedule entries are re-read (L1 hits).
 template <typename Element>
-__device__ __forceinline__ void merge_split_pieces(const DecodeParams& p, const int32_t* part_info,
-                                                   const int32_t* split_offsets, int m_block, int rows_valid,
-                                                   int thread) {
-  const int first = part_info[kPartBeginReq], last = part_info[kPartEndReq];
+__device__ __forceinline__ void merge_split_pieces(const DecodeProblem& p, const LaunchPlan& plan, const PartWork& work,
+                                                   int m_block, int rows_valid, int thread) {
+  const int first = work.first_request(), last = work.last_request();
 #pragma unroll 1
   for (int k = 0; k < 2; ++k) {
     const int r = k == 0 ? first : last;
     if (r > last || (k == 1 && last == first)) continue;  // empty part, or one request: visited once
-    const PieceOfWork w = piece_of(part_info, split_offsets, p.seq_lens, r);
-    if (w.begin_block >= w.end_block || w.num_splits <= 1) continue;
-    const int first_slot = split_offsets[r];
-    wait_pieces(merge_counter(p, r, m_block), w.num_splits, thread);
+    const PieceOfWork w = work.piece(r);
+    if (w.empty() || w.num_splits <= 1) continue;
+    const int first_slot = work.split_offsets[r];
+    wait_pieces(merge_counter(plan, p, r, m_block), w.num_splits, thread);
     merge_piece_rows<Element>(p, r, m_block, rows_valid, first_slot, w.num_splits, w.slot - first_slot, thread);
   }
 }

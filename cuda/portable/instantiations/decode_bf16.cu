@@ -5,5 +5,5 @@
 
 namespace jax_mla::portable {
 template cudaError_t setup_decode<__nv_bfloat16>();
-template cudaError_t launch_decode<__nv_bfloat16>(const DecodeParams&, cudaStream_t);
+template cudaError_t launch_decode<__nv_bfloat16>(const DecodeProblem&, cudaStream_t);
 }  // namespace jax_mla::portable

@@ -5,5 +5,5 @@
 
 namespace jax_mla::portable {
 template cudaError_t setup_decode<__half>();
-template cudaError_t launch_decode<__half>(const DecodeParams&, cudaStream_t);
+template cudaError_t launch_decode<__half>(const DecodeProblem&, cudaStream_t);
 }  // namespace jax_mla::portable

@@ -1,6 +1,7 @@
-// The KV loader of the portable kernel: every thread copies, with cp.async, one 16-byte chunk of
+// Portable kernel role: the KV loader (the producer of the KV stages). Every thread copies, with cp.async, one 16-byte chunk of
 // each of the 9 boxes of a 32-token sub-tile, gathering its token's cache row through the block
-// table. It walks the part's pieces of work (scheduler.h) in the same order as the consumer loop,
+// table. It walks the part's pieces of work (work_iterator.h, PieceCursor) in the same order as the
+// main loop (mainloop.cuh),
 // two sub-tiles ahead of it (one stage computed, one in flight), and reads the block table one
 // sub-tile further ahead still, so that the table's latency never sits in front of a copy.
 //
@@ -16,8 +17,8 @@
 
 #include <cstdint>
 
-#include "../common/params.h"
-#include "../common/scheduler.h"
+#include "../common/problem.h"
+#include "../common/work_iterator.h"
 #include "config.h"
 #include "mma.cuh"
 
@@ -25,53 +26,39 @@ namespace jax_mla::portable {
 
 template <typename Element>
 struct KvLoader {
-  const DecodeParams* p;
-  const int32_t* part_info;
-  const int32_t* split_offsets;
+  const DecodeProblem* p;
+  PartWork work;        // the CTA's part
   int log2_page;
   int row;              // this thread's token within a sub-tile
   uint32_t dst0;        // shared address of (stage 0, box 0, row, swizzled chunk)
   int chunk_elems;      // column offset of this thread's chunk inside a box
   // Cursor: the next sub-tile to load.
-  int req;              // its request; > part_info[kPartEndReq] once the part is exhausted
+  PieceCursor cursor;   // its piece (cursor.request past the part's last request once done)
   int sub, sub_end;     // sub-tiles [sub, sub_end) of the current piece, in kTileKeys-token units
-  int seq_len;          // seq_lens[req]
-  int piece;            // ordinal of the current piece within the part (counts non-empty pieces)
+  int seq_len;          // seq_lens of the piece's request
   int page;             // block-table entry for this thread's token of sub-tile `sub` (-1: none)
   uint32_t bad_bits;    // bit (piece & 1): a token of that piece had no valid page
 
-  __device__ __forceinline__ void init(const DecodeParams& params, const int32_t* info, const int32_t* offsets,
-                                       SharedStorage<Element>& s) {
+  __device__ __forceinline__ void init(const DecodeProblem& params, const PartWork& part, SharedStorage<Element>& s) {
     p = &params;
-    part_info = info;
-    split_offsets = offsets;
+    work = part;
     log2_page = 31 - __clz(params.page_size);
     row = threadIdx.x / kChunksPerBoxRow;
     const int chunk = threadIdx.x % kChunksPerBoxRow;
     chunk_elems = chunk * 8;
     dst0 = smem_addr(&s.kv[0][0][row][0]) + ((chunk ^ (row & 7)) << 4);
     bad_bits = 0;
-    piece = -1;
-    req = part_info[kPartBeginReq] - 1;
-    next_piece();
+    cursor.start(work, [&](const PieceOfWork& w) { enter_piece(w); });
     lookup();
   }
 
-  __device__ __forceinline__ bool done() const { return req > part_info[kPartEndReq]; }
+  __device__ __forceinline__ bool done() const { return cursor.done(work); }
 
-  // Moves the cursor to the first sub-tile of the next non-empty piece (the consumer skips the
-  // same empty ones).
-  __device__ __forceinline__ void next_piece() {
-    for (++req; req <= part_info[kPartEndReq]; ++req) {
-      const PieceOfWork w = piece_of(part_info, split_offsets, p->seq_lens, req);
-      if (w.begin_block < w.end_block) {
-        sub = w.begin_block * kTilesPerBlock;
-        sub_end = w.end_block * kTilesPerBlock;
-        seq_len = p->seq_lens[req];
-        ++piece;
-        return;
-      }
-    }
+  // Points the sub-tile cursor at the first sub-tile of piece w (the cursor's new piece).
+  __device__ __forceinline__ void enter_piece(const PieceOfWork& w) {
+    sub = w.begin_block * kTilesPerBlock;
+    sub_end = w.end_block * kTilesPerBlock;
+    seq_len = work.seq_len(w);
   }
 
   // Block-table entry of this thread's token in the cursor's sub-tile. Read only for tokens the
@@ -82,7 +69,7 @@ struct KvLoader {
     const int token = sub * kTileKeys + row;
     const int page_index = token >> log2_page;
     if (token < seq_len && page_index < p->max_pages) {
-      page = p->block_table[static_cast<int64_t>(req) * p->max_pages + page_index];
+      page = p->block_table[static_cast<int64_t>(cursor.request) * p->max_pages + page_index];
     }
   }
 
@@ -94,7 +81,7 @@ struct KvLoader {
       const int token = sub * kTileKeys + row;
       const bool owned = token < seq_len;
       const bool valid = owned && page >= 0 && page < p->num_pages;
-      if (owned && !valid) bad_bits |= 1u << (piece & 1);
+      if (owned && !valid) bad_bits |= 1u << (cursor.ordinal & 1);
       const Element* base = static_cast<const Element*>(p->kv_cache);
       // (num_pages * page_size, 576): the token's cache row; the cache base when not valid (not read).
       const Element* src =
@@ -106,7 +93,7 @@ struct KvLoader {
       for (int box = 0; box < kBoxes; ++box) {
         cp_async_16(dst + box * kBoxBytes, valid ? src + box * kBoxCols : src, valid);
       }
-      if (++sub == sub_end) next_piece();
+      if (++sub == sub_end) cursor.next(work, [&](const PieceOfWork& w) { enter_piece(w); });
       lookup();
     }
     cp_async_commit();

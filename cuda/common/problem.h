@@ -1,17 +1,20 @@
-// The plain parameter struct every decode kernel (CPU, SM90, SM100, portable) receives.
-// Filled by the FFI handlers after validation; no kernel re-derives shapes on its own.
+// The decode problem: what every kernel (CPU, SM90, SM100, portable, and the shared scheduler and
+// combine kernels) is asked to compute, and nothing about how one GPU launches it. Filled by the
+// FFI handlers after validation; no kernel re-derives shapes on its own. Launch choices that only
+// one architecture makes (the SM90 in-kernel split merge and its counters, grid sizing from the SM
+// count) live in that architecture's launch plan (cuda/sm90/launch_plan.h), so the CPU kernel and
+// the other GPU kernels never see them.
 #pragma once
 
 #include <cstdint>
 
 #include "config.h"
-#include "scheduler.h"
 
 namespace jax_mla {
 
 enum class DType : int { kBF16 = 0, kF16 = 1 };
 
-struct DecodeParams {
+struct DecodeProblem {
   // Shapes.
   int batch;         // b
   int seq_q;         // s_q, tokens per request in this step (1..kMaxSeqQ)
@@ -25,18 +28,6 @@ struct DecodeParams {
 
   float softmax_scale;  // multiplies q . k
   bool causal;          // query token t sees positions < seq_len - s_q + t + 1
-
-  // The device's SM count (set by the CUDA handler) for sizing persistent grids (0: unknown, the
-  // launchers assume 132).
-  int sm_count = 0;
-
-  // SM90: merge the split-KV partials inside the decode kernel instead of the combine kernel
-  // (cuda/sm90/split_merge.cuh). Set by the launcher (decode_launch.cu) when the whole grid fits on
-  // the GPU at once (the pieces of a request wait for each other) and merge_counters is given;
-  // merge_counters (b, row blocks) int32 are then zeroed before the kernel, by the scheduler kernel
-  // or, for a precomputed schedule, a memset.
-  bool fused_merge = false;
-  int* merge_counters = nullptr;
 
   // Inputs (device or host pointers, per platform).
   const void* q;                // (b, s_q, h_q, 576)       row-major
