@@ -25,9 +25,9 @@ struct BlockGemm {
 // Token rows the qk product handles at once.
 inline constexpr int kBlockGemmTokenTile = 4;
 
-// The variant for this CPU: AVX2 + FMA when built in and supported, unless the environment
-// variable JAX_MLA_CPU_ISA=generic asks for the baseline one (to test it on any machine).
-const BlockGemm& block_gemm();
+// The variant for this CPU: AVX2 + FMA when built in and supported, or the baseline one when
+// `baseline` (the handler passes JAX_MLA_CPU_ISA=generic, runtime/settings.h, to test it anywhere).
+const BlockGemm& block_gemm(bool baseline);
 
 // The variants themselves (block_gemm_generic.cc, block_gemm_avx2.cc).
 extern const BlockGemm kBlockGemmGeneric;

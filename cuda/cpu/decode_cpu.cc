@@ -71,7 +71,7 @@ struct TaskScratch {
 
 class DecodeCpu {
  public:
-  explicit DecodeCpu(const DecodeProblem& p)
+  DecodeCpu(const DecodeProblem& p, bool baseline_gemm)
       : p_(p),
         q_(static_cast<const uint16_t*>(p.q)),
         kv_cache_(static_cast<const uint16_t*>(p.kv_cache)),
@@ -79,7 +79,7 @@ class DecodeCpu {
         split_offsets_(p.schedule + split_offsets_begin(p.num_parts)),
         combine_(p.schedule + combine_begin(p.batch, p.num_parts)),
         num_m_blocks_((p.rows + kBlockM - 1) / kBlockM),
-        gemm_(cpu::block_gemm()) {}
+        gemm_(cpu::block_gemm(baseline_gemm)) {}
 
   int64_t num_tasks() const { return static_cast<int64_t>(p_.num_parts) * num_m_blocks_; }
 
@@ -256,10 +256,10 @@ void parallel_for(int64_t num_items, int num_threads, Body body) {
 
 }  // namespace
 
-void decode_cpu(const DecodeProblem& params, int max_threads) {
+void decode_cpu(const DecodeProblem& params, bool baseline_gemm, int max_threads) {
   int num_threads = max_threads > 0 ? max_threads : static_cast<int>(std::thread::hardware_concurrency());
   num_threads = std::max(num_threads, 1);
-  const DecodeCpu decode(params);
+  const DecodeCpu decode(params, baseline_gemm);
 
   parallel_for<TaskScratch>(decode.num_tasks(), num_threads,
                             [&](int64_t task, TaskScratch& s) { decode.run_task(task, s); });

@@ -22,8 +22,9 @@ namespace jax_mla {
 //   - every seq_len is in [0, max_pages * page_size] and every page id a request reads is in
 //     [0, num_pages);
 //   - partial_lse / partial_out hold max_splits(batch, num_parts) slots.
+// `baseline_gemm` runs the baseline block products instead of the best for this CPU (block_gemm.h);
 // `max_threads` caps the worker threads (<= 0: std::thread::hardware_concurrency()).
-void decode_cpu(const DecodeProblem& params, int max_threads = 0);
+void decode_cpu(const DecodeProblem& params, bool baseline_gemm = false, int max_threads = 0);
 
 // ---------------------------------------------------------------------------------------------
 // 16-bit float conversions (round-to-nearest-even; NaN stays NaN, overflow goes to +-inf).

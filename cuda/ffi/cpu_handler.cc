@@ -65,9 +65,8 @@ ffi::Error decode_cpu_impl(ffi::AnyBuffer q,            // (b, s_q, h_q, 576) bf
       e.failure()) {
     return e;
   }
-  if (const Setting<CpuIsa>& isa = settings().cpu_isa; !isa.ok()) {
-    return invalid_argument(kDecodeTarget, isa.error);
-  }
+  const Setting<CpuIsa>& isa = settings().cpu_isa;
+  if (!isa.ok()) return invalid_argument(kDecodeTarget, isa.error);
   DecodeProblem p = ffi_args::decode_problem(shape, q, kv_cache, block_table, seq_lens, schedule, *out, *lse,
                                            softmax_scale, causal);
   if (p.batch == 0) return ffi::Error::Success();
@@ -98,7 +97,7 @@ ffi::Error decode_cpu_impl(ffi::AnyBuffer q,            // (b, s_q, h_q, 576) bf
     p.partial_lse = partial_lse.get();
     p.partial_out = partial_out.get();
 
-    decode_cpu(p);
+    decode_cpu(p, /*baseline_gemm=*/isa.value == CpuIsa::kGeneric);
   } catch (const std::bad_alloc&) {
     return ffi::Error(ffi::ErrorCode::kResourceExhausted, "jax_mla_decode: out of host memory for the split-KV scratch");
   }
