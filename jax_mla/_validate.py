@@ -22,7 +22,7 @@ import numpy as np
 from ._extension import KERNELS, LIMITS
 
 # The limits of cuda/runtime/limits.h, as the extension exports them: the handlers check the same
-# ones (tests/test_limits.py).
+# ones (tests/api/test_limits.py).
 HEAD_DIM_QK = LIMITS["HEAD_DIM_QK"]
 HEAD_DIM_V = LIMITS["HEAD_DIM_V"]
 MAX_SEQ_Q = LIMITS["MAX_SEQ_Q"]

@@ -1,7 +1,7 @@
 // The table of the API's limits: every bound the argument checks enforce, once. The C++ checks
 // (ffi/decode_args.h, the handlers) use the constants named here; the extension module exports the
 // table as jax_mla._ext.limits() ({name: value}), from which jax_mla/_validate.py takes every bound
-// it checks at trace time, so Python and C++ cannot disagree (tests/test_limits.py).
+// it checks at trace time, so Python and C++ cannot disagree (tests/api/test_limits.py).
 //
 // The values themselves live where the kernels need them (common/config.h, common/scheduler.h);
 // this table names the ones that are part of the API. Plain C++ (no CUDA).

@@ -1,5 +1,5 @@
 """A CPU model of the SM90 kernel's KV ring protocol (cuda/common/kv_producer.cuh, box ring, and the
-seesaw consumers of cuda/sm90/decode_kernel.cuh), run under random interleavings.
+seesaw consumers of cuda/sm90/mainloop.cuh), run under random interleavings.
 
 The model follows consumer_main step for step: which boxes each consumer waits for, when its wgmma
 reads of a box begin and end (S from issue to the owner's wait before the softmax, P V from issue to

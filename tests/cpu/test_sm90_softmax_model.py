@@ -1,4 +1,4 @@
-"""A float64 model of the SM90 consumers' online softmax (cuda/sm90/decode_kernel.cuh owner_step)
+"""A float64 model of the SM90 consumers' online softmax (cuda/sm90/mainloop.cuh owner_step)
 with its lazy reference rule (the reference moves only when a tile's max exceeds it by more than
 kLazyRescaleSlack = 8, log2 units). It checks the algebra the kernel relies on, not the kernel:
 O / l and reference + log2(l) are the softmax and its LSE; P never exceeds 2^slack; the rescale of

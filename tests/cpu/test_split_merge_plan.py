@@ -27,7 +27,7 @@ def num_blocks(seq_len: int) -> int:
 
 def pieces(seq_lens: np.ndarray, num_parts: int):
     """(part, request, begin_block, end_block, slot, num_splits) of every non-empty piece, as
-    scheduler.h's piece_of walks them."""
+    work_iterator.h's PartWork walks them."""
     b = len(seq_lens)
     sched = np.asarray(_ext.testing.plan_schedule(seq_lens, num_parts))
     split_offsets = sched[num_parts * PART_FIELDS: num_parts * PART_FIELDS + b + 1]
