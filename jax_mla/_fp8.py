@@ -91,7 +91,7 @@ def unpack_fp8_kv(packed: jax.Array, dtype: Any = jnp.float32) -> jax.Array:
     is exact for bfloat16 too unless out of its range; float16 can overflow or lose small values.
     The RoPE values are the stored bfloat16 values cast to dtype.
     """
-    check_fp8_packed(packed)
+    check_fp8_packed(packed, ROW_BYTES)
     dt = check_fp8_unpack_dtype(dtype)
     packed = jnp.asarray(packed)
     lead = packed.shape[:-1]

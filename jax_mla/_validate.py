@@ -423,8 +423,7 @@ def check_concrete_positions(positions: Any, block_table: Any, dims: CacheUpdate
             f"they write")
 
 
-# FP8 latent cache rows (jax_mla._fp8): 512 e4m3 bytes, 4 float32 scales, 64 bfloat16 RoPE values.
-FP8_ROW_BYTES = 656
+# FP8 latent cache rows (jax_mla._fp8, which owns the format's sizes).
 _PACK_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.float32))
 _UINT8 = np.dtype(np.uint8)
 
@@ -442,12 +441,12 @@ def check_fp8_pack_rows(rows: Any, where: str = "pack_fp8_kv") -> None:
             f"{where}: rows must have dtype bfloat16, float16 or float32, got {_dtype_name(dt)}")
 
 
-def check_fp8_packed(packed: Any, where: str = "unpack_fp8_kv") -> None:
-    """packed: [..., 656] uint8."""
+def check_fp8_packed(packed: Any, row_bytes: int, where: str = "unpack_fp8_kv") -> None:
+    """packed: [..., row_bytes] uint8."""
     shape = _shape(packed)
-    if len(shape) < 1 or shape[-1] != FP8_ROW_BYTES:
+    if len(shape) < 1 or shape[-1] != row_bytes:
         raise ValueError(
-            f"{where}: packed must have shape (..., {FP8_ROW_BYTES}) (one {FP8_ROW_BYTES}-byte FP8 "
+            f"{where}: packed must have shape (..., {row_bytes}) (one {row_bytes}-byte FP8 "
             f"row per token, as pack_fp8_kv returns), got shape {shape}")
     dt = _dtype(packed)
     if dt != _UINT8:
