@@ -6,6 +6,8 @@ Public API:
   decode_schedule(seq_lens, *, num_heads, seq_q=1, num_parts=None)
   update_kv_cache(kv_cache, new_latent, block_table, positions)
                              write new tokens' latent rows into the paged cache (in place if donated)
+  pack_fp8_kv(rows) / unpack_fp8_kv(packed, dtype=jnp.float32)
+                             576-value rows <-> 656-byte FP8 rows (FlashMLA's DeepSeek-V3.2 layout)
   export_disabled_checks()   jax.export DisabledSafetyCheck list for jax_mla's custom calls
   kernel_info(device=None)   which CUDA kernel mla_decode(kernel="auto") runs on a device
   reference                  module with mla_decode_reference (plain jax.numpy)
@@ -16,6 +18,7 @@ from importlib import metadata as _metadata
 from . import reference
 from ._api import decode_schedule, kernel_info, mla_decode
 from ._cache import update_kv_cache
+from ._fp8 import pack_fp8_kv, unpack_fp8_kv
 from .export import export_disabled_checks
 
 try:
@@ -23,5 +26,5 @@ try:
 except _metadata.PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0+unknown"
 
-__all__ = ["mla_decode", "decode_schedule", "update_kv_cache", "export_disabled_checks", "kernel_info",
-           "reference", "__version__"]
+__all__ = ["mla_decode", "decode_schedule", "update_kv_cache", "pack_fp8_kv", "unpack_fp8_kv",
+           "export_disabled_checks", "kernel_info", "reference", "__version__"]

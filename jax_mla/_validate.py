@@ -421,3 +421,46 @@ def check_concrete_positions(positions: Any, block_table: Any, dims: CacheUpdate
             f"{row % dims.page_size}): positions{list(hits[0])} and positions{list(hits[1])}; "
             f"positions must be distinct within a request and requests must not share the pages "
             f"they write")
+
+
+# FP8 latent cache rows (jax_mla._fp8, which owns the format's sizes).
+_PACK_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.float32))
+_UINT8 = np.dtype(np.uint8)
+
+
+def check_fp8_pack_rows(rows: Any, where: str = "pack_fp8_kv") -> None:
+    """rows: [..., 576] bfloat16, float16 or float32."""
+    shape = _shape(rows)
+    if len(shape) < 1 or shape[-1] != HEAD_DIM_QK:
+        raise ValueError(
+            f"{where}: rows must have shape (..., {HEAD_DIM_QK}) (last dimension {HEAD_DIM_QK}: the "
+            f"512 compressed-KV values then the 64 RoPE key values), got shape {shape}")
+    dt = _dtype(rows)
+    if dt not in _PACK_DTYPES:
+        raise TypeError(
+            f"{where}: rows must have dtype bfloat16, float16 or float32, got {_dtype_name(dt)}")
+
+
+def check_fp8_packed(packed: Any, row_bytes: int, where: str = "unpack_fp8_kv") -> None:
+    """packed: [..., row_bytes] uint8."""
+    shape = _shape(packed)
+    if len(shape) < 1 or shape[-1] != row_bytes:
+        raise ValueError(
+            f"{where}: packed must have shape (..., {row_bytes}) (one {row_bytes}-byte FP8 "
+            f"row per token, as pack_fp8_kv returns), got shape {shape}")
+    dt = _dtype(packed)
+    if dt != _UINT8:
+        raise TypeError(f"{where}: packed must have dtype uint8, got {_dtype_name(dt)}")
+
+
+def check_fp8_unpack_dtype(dtype: Any, where: str = "unpack_fp8_kv") -> np.dtype:
+    """dtype: bfloat16, float16 or float32 (anything np.dtype accepts naming one of them)."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(
+            f"{where}: dtype must be bfloat16, float16 or float32, got {dtype!r}") from None
+    if dt not in _PACK_DTYPES:
+        raise TypeError(
+            f"{where}: dtype must be bfloat16, float16 or float32, got {_dtype_name(dt)}")
+    return dt
