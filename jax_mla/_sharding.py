@@ -20,8 +20,8 @@ The plan, for arrays whose shardings name Explicit mesh axes (jax.make_mesh's de
     batch slice i); page ids stay GLOBAL and are rebased per shard, an id outside the shard's pages
     becoming invalid (-1), which the kernels report (CPU: an error; GPU: NaN for that request).
     Any other cache sharding is replicated first.
-  - anything else (q sharded on s_q or the 576 columns, ...) is resharded by the shard_map (jax
-    inserts the collectives), so results never depend on the sharding.
+  - anything else (q sharded on s_q or the 576 columns, ...) is resharded before the shard_map
+    (jax inserts the collectives), so results never depend on the sharding.
 Meshes of Auto axes are invisible at trace time: under plain jit the op then runs replicated
 (XLA gathers its operands); write the shard_map yourself (per shard, mla_decode sees local arrays).
 """
@@ -165,6 +165,21 @@ def check_concrete_write_placement(p: Plan, block_table: Any, positions: Any, nu
         raise _placement_error(p, found, table, where, "write")
 
 
+def conform(x: Any, mesh, spec: P):
+    """x resharded to `spec` over mesh when its explicit sharding differs: shard_map takes
+    inputs typed with explicit shardings only as its in_specs say, so other layouts (a cache split
+    over other axes than the batch, q split on s_q, ...) are resharded first (jax inserts the
+    collectives)."""
+    found = _explicit_sharding(x)
+    if found is None:
+        return x
+    want = [() if e is None else ((e,) if isinstance(e, str) else tuple(e)) for e in spec]
+    want += [()] * (len(found[1]) - len(want))
+    if found[1] == want:
+        return x
+    return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, spec))
+
+
 def sharded_call(p: Plan, body, q, kv_cache, block_table, seq_lens, schedule):
     """Runs body(q, kv_cache, block_table, seq_lens, schedule_or_None) -> (out, lse) per shard.
 
@@ -180,6 +195,8 @@ def sharded_call(p: Plan, body, q, kv_cache, block_table, seq_lens, schedule):
     if keep_schedule:
         in_specs.append(P())
         args.append(schedule)
+
+    args = [conform(x, p.mesh, s) for x, s in zip(args, in_specs)]
 
     def per_shard(q, kv_cache, block_table, seq_lens, *sched):
         if p.pages_sharded:
