@@ -20,8 +20,10 @@ into the softmax scale (192 ** -0.5 * mscale ** 2).
 - Check: every step, every layer's output is compared with naive non-absorbed attention in
   float32 (keys and values decompressed from an unpaged float32 history of the latents).
 - Devices: the GPU when jax has one, else the CPU. With several devices the batch is sharded
-  over them (data parallel): each device holds its requests' pages of every cache, and
-  mla_decode / update_kv_cache run per device with no collective.
+  over them (data parallel) as most model code does it: NamedShardings on a jax.sharding.Mesh
+  (Auto axes) as the jitted steps' in_shardings / out_shardings, XLA propagating them. Each
+  device holds its requests' pages of every cache, and mla_decode / update_kv_cache run per
+  device with no collective.
 
 Prints per-step latency and tokens/s with a progress bar; exits with status 1 on a mismatch.
 """
@@ -39,7 +41,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_mla
@@ -312,11 +314,18 @@ def main(argv=None) -> int:
     prompt_lens[0] = a.prompt
 
     if n_dev > 1:
-        mesh = jax.make_mesh((n_dev,), ("data",), devices=devices)  # Explicit axis: visible to jit
+        mesh = Mesh(np.asarray(devices), ("data",))  # Auto axes, as jax.sharding.Mesh makes them
+        batch, replicated = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
+        # Both steps take (layers, caches, batch-major arrays...) and return batch-major arrays
+        # and caches (whose pages are split like the requests).
+        shardings = dict(in_shardings=(replicated, batch, batch, batch, batch),
+                         out_shardings=batch)
 
         def put(x, *spec):  # spec: the mesh axis of each leading dimension (none: replicated)
             return jax.device_put(x, NamedSharding(mesh, P(*spec)))
     else:
+        shardings = {}
+
         def put(x, *spec):
             return jax.device_put(x, devices[0])
 
@@ -339,13 +348,13 @@ def main(argv=None) -> int:
           f"steps, paged cache {num_pages} pages x {page} rows per layer")
 
     t0 = time.perf_counter()
-    prefill_fn = jax.jit(functools.partial(prefill, **fixed), donate_argnums=1)
+    prefill_fn = jax.jit(functools.partial(prefill, **fixed), donate_argnums=1, **shardings)
     x, caches, histories = jax.block_until_ready(
         prefill_fn(layers, caches, x_prompt, block_table_d, put(prompt_lens, "data")))
     print(f"prefill: {b * int(prompt_lens.mean())} tokens (naive attention, compile included) "
           f"in {time.perf_counter() - t0:.2f} s")
 
-    step_fn = jax.jit(functools.partial(decode_step, **fixed), donate_argnums=1)
+    step_fn = jax.jit(functools.partial(decode_step, **fixed), donate_argnums=1, **shardings)
     check_fn = jax.jit(functools.partial(naive_decode_check, **fixed))
     seq_lens = put(prompt_lens, "data")
     t0 = time.perf_counter()

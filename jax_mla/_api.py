@@ -69,8 +69,8 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal
       (natural log). Rows with no visible key (seq_len == 0, or causal and seq_len < s_q) get
       out = 0 and lse = -inf.
 
-    Sharding: inputs split over Explicit mesh axes (jax.make_mesh's default) run as one kernel
-    call per shard, with no collective, under jit or eagerly:
+    Sharding: under jit (or eagerly on sharded arrays) the op runs as one kernel call per
+    device, with no collective, for these layouts:
       - batch (data parallel): q, block_table and seq_lens split on axis 0; kv_cache either
         replicated or split on its page axis over the same mesh axes, shard i then holding pages
         [i * P / n, (i + 1) * P / n). Page ids stay global: a request may only read its shard's
@@ -78,9 +78,12 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal
         shard plans its own requests inside the op.
       - heads (tensor parallel): q split on axis 2, the other operands replicated; a passed
         schedule is used by every shard.
-    Other splits are resharded first (jax inserts the collectives; results never depend on the
-    sharding). Auto mesh axes are invisible at trace time, so plain jit runs the op replicated:
-    use jax.shard_map, inside which mla_decode sees each shard's arrays (ids local to its pages).
+    Other layouts are resharded first (results never depend on the sharding). Over Explicit
+    mesh axes the shardings are read at trace time and the call becomes a shard_map (exportable);
+    over Auto axes (jit in_shardings, shardings propagated from other ops) XLA applies the op's
+    custom_partitioning rule when compiling, which jax.export cannot serialize: a multi-device
+    export of such a call fails (ValueError) and names the exportable ways. Inside a
+    jax.shard_map, mla_decode sees each shard's arrays (ids local to its pages).
     """
     q, kv_cache, block_table, seq_lens = map(_as_array, (q, kv_cache, block_table, seq_lens))
     dims = _validate.check_decode_operands(q, kv_cache, block_table, seq_lens)

@@ -5,17 +5,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
-from jaxlib.version import __version__ as jaxlib_version
 
 from . import _sharding, _validate
 from ._api import _as_array
+from ._paged_write import write
+from ._primitive import kv_cache_update_p
 
 
 def update_kv_cache(kv_cache, new_latent, block_table, positions):
     """Writes new tokens' 576-wide latent rows into their pages of a paged KV cache.
 
     Token t of request r, at sequence position p = positions[r, t], goes to row p % page_size of
-    page block_table[r, p // page_size] (the layout mla_decode reads). Pure jax: under
+    page block_table[r, p // page_size] (the layout mla_decode reads). A plain jax scatter: under
     jax.jit(..., donate_argnums=...) with the cache donated, the cache is updated in place (the
     compiled computation aliases it to the result and copies nothing); without donation XLA
     copies the cache first, as for any functional update.
@@ -35,67 +36,34 @@ def update_kv_cache(kv_cache, new_latent, block_table, positions):
     concrete this, positions < max_pages * page_size and valid page ids are checked at call time
     (ValueError); under jit a token whose position or page id is out of range is not written.
 
-    Sharding (Explicit mesh axes, as mla_decode): with new_latent, block_table and positions split
-    over the batch and kv_cache's pages over the same axes, each shard writes its own pages with
-    no collective (page ids are global; a write to another shard's page is dropped). Other
-    layouts are left to XLA's scatter partitioning.
+    Sharding (Explicit or Auto mesh axes, as mla_decode): the cache keeps its page-axis split and
+    no collective runs when new_latent, block_table and positions are either split over the same
+    axes as the cache's pages (each shard writes its requests into its own pages; page ids are
+    global, a write to another shard's page is dropped) or replicated (each shard writes the
+    tokens landing on its pages). Other layouts are resharded first. An export over several
+    devices with Auto axes keeps the plain scatter, which XLA partitions by its own scatter rule
+    (gathering the new rows, never the cache; every write lands on its page).
     """
     kv_cache, new_latent, block_table, positions = map(
         _as_array, (kv_cache, new_latent, block_table, positions))
     dims = _validate.check_cache_update_operands(kv_cache, new_latent, block_table, positions)
     _validate.check_concrete_positions(positions, block_table, dims)
     args = [jnp.asarray(x) for x in (kv_cache, new_latent, block_table, positions)]
-    plan = _sharding.cache_plan(kv_cache, new_latent)
+    plan = _sharding.cache_plan(kv_cache, new_latent, block_table, positions)
     if plan is None:
-        return _write(*args)
-    _sharding.check_concrete_write_placement(plan, block_table, positions, dims.num_pages,
-                                             dims.page_size)
-    B = plan.batch_entry
+        return kv_cache_update_p.bind(*args)
+    if plan.rows_split:
+        _sharding.check_concrete_write_placement(plan.shard_plan(), block_table, positions,
+                                                 dims.num_pages, dims.page_size)
+    A = _sharding._entry(plan.page_axes)
+    R = A if plan.rows_split else None
+    in_specs = (P(A), P(R), P(R), P(R))
+    args = [_sharding.conform(x, plan.mesh, s) for x, s in zip(args, in_specs)]
 
     def per_shard(kv, rows, table, pos):
-        local_pages = kv.shape[0]
-        base = jax.lax.axis_index(B) * local_pages
-        own = (table >= base) & (table < base + local_pages)
-        return _write(kv, rows, jnp.where(own, table - base, jnp.int32(-1)), pos)
+        if plan.page_axes:
+            table = _sharding.local_page_ids(table, A, kv.shape[0])
+        return write(kv, rows, table, pos)
 
-    return jax.shard_map(per_shard, mesh=plan.mesh, in_specs=(P(B),) * 4, out_specs=P(B),
+    return jax.shard_map(per_shard, mesh=plan.mesh, in_specs=in_specs, out_specs=P(A),
                          axis_names=set(plan.mesh.explicit_axes))(*args)
-
-
-def _write(kv_cache, new_latent, block_table, positions):
-    """The update on one shard's (or the whole) arrays; invalid entries are not written."""
-    num_pages, page_size = kv_cache.shape[0], kv_cache.shape[1]
-    row_shape = kv_cache.shape[2:]  # (576,) or (1, 576): no reshape of the cache (XLA copies it)
-    max_pages = block_table.shape[1]
-    n = positions.size
-    pos = positions.reshape(n)
-    rows = new_latent.reshape((n,) + row_shape)
-    col = pos // page_size
-    req = jnp.repeat(jnp.arange(block_table.shape[0], dtype=jnp.int32), positions.shape[1])
-    page = block_table[req, jnp.clip(col, 0, max_pages - 1)]
-    valid = (pos >= 0) & (col < max_pages) & (page >= 0) & (page < num_pages)
-    slot = jnp.where(valid, pos % page_size, 0)
-    if kv_cache.dtype == jnp.bfloat16 and _CPU_UPCASTS_BF16_SCATTER:
-        return jax.lax.platform_dependent(kv_cache, rows, page, slot, valid,
-                                          cpu=_scatter_as_uint16, default=_scatter)
-    return _scatter(kv_cache, rows, page, slot, valid)
-
-
-# XLA's CPU backend in jaxlib 0.10 (and, untested, 0.11) has no bfloat16 scatter: it converts the
-# whole cache to float32 and back (two cache-sized temporaries, NaN payloads canonicalised). There
-# the bits are scattered as uint16 instead: exact, at the cost of one copy of the cache per call.
-# jaxlib 0.12's CPU backend scatters bfloat16 in place.
-_CPU_UPCASTS_BF16_SCATTER = tuple(int(v) for v in jaxlib_version.split(".")[:2]) < (0, 12)
-
-
-def _scatter(kv, rows, page, slot, valid):
-    num_pages = kv.shape[0]
-    # Dropped entries get distinct out-of-range page ids, so the indices stay unique.
-    page = jnp.where(valid, page, num_pages + jnp.arange(page.shape[0], dtype=jnp.int32))
-    return kv.at[page, slot].set(rows, mode="drop", unique_indices=True)
-
-
-def _scatter_as_uint16(kv, rows, page, slot, valid):
-    bits = _scatter(jax.lax.bitcast_convert_type(kv, jnp.uint16),
-                    jax.lax.bitcast_convert_type(rows, jnp.uint16), page, slot, valid)
-    return jax.lax.bitcast_convert_type(bits, kv.dtype)

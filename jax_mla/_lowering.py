@@ -20,7 +20,7 @@ import jax.ffi
 import numpy as np
 from jax.interpreters import mlir
 
-from . import _primitive, _validate
+from . import _paged_write, _partitioning, _primitive, _validate
 from ._extension import ext
 
 DECODE_TARGET = "jax_mla_decode"
@@ -81,8 +81,25 @@ def _schedule_lowering(ctx, seq_lens, *, num_parts):
     return _schedule_ffi(ctx, seq_lens, num_parts=np.int32(num_parts))
 
 
+def _auto_partitioned_decode(direct):
+    # Multi-device computations partitioned by XLA get mla_decode's rule (_partitioning.py).
+    return _partitioning.lowering(direct, _partitioning.decode, params=_DECODE_PARAMS,
+                                  multiple_results=True, export_direct=False)
+
+
+_DECODE_PARAMS = ("softmax_scale", "causal", "num_parts", "kernel")
+
+# update_kv_cache's write is plain jax; exported, it stays the plain scatter (XLA's own scatter
+# partitioning, no Python callback).
+_cache_update_lowering = _partitioning.lowering(
+    mlir.lower_fun(_paged_write.write, multiple_results=False), _partitioning.cache_update,
+    multiple_results=False, export_direct=True)
+
 _register_targets()
-mlir.register_lowering(_primitive.mla_decode_p, _decode_lowering_cpu, platform="cpu")
-mlir.register_lowering(_primitive.mla_decode_p, _decode_lowering_cuda, platform="cuda")
+mlir.register_lowering(_primitive.mla_decode_p, _auto_partitioned_decode(_decode_lowering_cpu),
+                       platform="cpu")
+mlir.register_lowering(_primitive.mla_decode_p, _auto_partitioned_decode(_decode_lowering_cuda),
+                       platform="cuda")
 mlir.register_lowering(_primitive.mla_decode_schedule_p, _schedule_lowering, platform="cpu")
 mlir.register_lowering(_primitive.mla_decode_schedule_p, _schedule_lowering, platform="cuda")
+mlir.register_lowering(_primitive.kv_cache_update_p, _cache_update_lowering)

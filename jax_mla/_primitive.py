@@ -10,8 +10,13 @@ mla_decode_p(q, kv_cache, block_table, seq_lens, schedule; softmax_scale, causal
 
 mla_decode_schedule_p(seq_lens; num_parts) -> schedule (schedule_size(b, num_parts),) int32.
 
+kv_cache_update_p(kv_cache, new_latent, block_table, positions) -> kv_cache updated
+  update_kv_cache's write (_paged_write.write, plain jax). It is a primitive only so that its
+  lowering can give XLA a partitioning rule for it (_partitioning.py); vmap and differentiation
+  go through the plain jax function.
+
 Rules here: abstract evaluation (shape/dtype checks from _validate), eager implementation,
-batching (vmap) and the no-gradient rule. Lowerings live in _lowering.py.
+batching (vmap) and the gradient rules. Lowerings live in _lowering.py.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, xla
 
-from . import _validate
+from . import _paged_write, _validate
 
 mla_decode_p = Primitive("mla_decode")
 mla_decode_p.multiple_results = True
 
 mla_decode_schedule_p = Primitive("mla_decode_schedule")
+
+kv_cache_update_p = Primitive("kv_cache_update")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -58,13 +65,21 @@ def _schedule_abstract_eval(seq_lens, *, num_parts):
     return jax.core.ShapedArray((_validate.schedule_size(b, num_parts),), np.int32)
 
 
+def _cache_update_abstract_eval(kv_cache, new_latent, block_table, positions):
+    _validate.check_cache_update_operands(kv_cache, new_latent, block_table, positions)
+    return jax.core.ShapedArray(kv_cache.shape, kv_cache.dtype)
+
+
 mla_decode_p.def_abstract_eval(_decode_abstract_eval)
 mla_decode_schedule_p.def_abstract_eval(_schedule_abstract_eval)
+kv_cache_update_p.def_abstract_eval(_cache_update_abstract_eval)
 
 # Eager calls compile the primitive alone (cached per shapes and params), like jax's own ops.
 mla_decode_p.def_impl(lambda *args, **params: xla.apply_primitive(mla_decode_p, *args, **params))
 mla_decode_schedule_p.def_impl(
     lambda *args, **params: xla.apply_primitive(mla_decode_schedule_p, *args, **params))
+kv_cache_update_p.def_impl(
+    lambda *args, **params: xla.apply_primitive(kv_cache_update_p, *args, **params))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -127,13 +142,26 @@ def _schedule_batch(args, bdims, *, num_parts):
     return out, 0
 
 
+def _cache_update_batch(args, bdims):
+    return jax.vmap(_paged_write.write, in_axes=tuple(bdims))(*args), 0
+
+
 batching.primitive_batchers[mla_decode_p] = _decode_batch
 batching.primitive_batchers[mla_decode_schedule_p] = _schedule_batch
+batching.primitive_batchers[kv_cache_update_p] = _cache_update_batch
 
 
 # ----------------------------------------------------------------------------------------------
-# No gradient
+# Gradients: none for mla_decode; the cache update's are those of its plain jax write
 # ----------------------------------------------------------------------------------------------
+
+def _cache_update_jvp(primals, tangents):
+    tangents = [ad.instantiate_zeros(t) for t in tangents]
+    return jax.jvp(_paged_write.write, tuple(primals), tuple(tangents))
+
+
+ad.primitive_jvps[kv_cache_update_p] = _cache_update_jvp
+
 
 _NO_GRAD = ("mla_decode is inference-only; it has no gradient (JVP/VJP) rule. Wrap its inputs in "
             "jax.lax.stop_gradient if it sits inside a differentiated function, or use "

@@ -1,18 +1,12 @@
-"""mla_decode on sharded inputs: a shard_map over the batch and head axes, chosen from the inputs'
-explicit shardings.
+"""mla_decode and update_kv_cache on inputs sharded over Explicit mesh axes: a shard_map over
+the batch and head axes, planned at trace time from the inputs' shardings.
 
-Why not let XLA partition the custom call: XLA has no partitioner for an unknown custom call and
-replicates its operands (all-gathers). Registering the target as batch partitionable
-(jax.ffi.register_ffi_target_as_batch_partitionable + the num_batch_dims frontend attribute) splits
-EVERY operand along its leading axis, the kv_cache's page axis included, so each shard would read
-its block table's page ids as ids into its own slice of pages: the result of a jitted call would
-then depend on how its inputs are sharded (a replicated cache gets sliced too), and the CUDA
-workspace result would be split as well. jax.experimental.custom_partitioning can express the op's
-real rule but is a Python callback at compile time that jax.export cannot serialize. A shard_map
-keeps the op's global semantics, needs no partitioner, and exports.
+Explicit axes (jax.make_mesh's default axis type) are visible at trace time
+(`jax.typeof(x).sharding`), so the split is decided in Python and the call becomes a shard_map:
+it keeps the op's global semantics, needs no partitioner and exports with jax.export. Auto axes
+are not visible at trace time; for them _partitioning.py gives XLA the same rule at compile time.
 
-The plan, for arrays whose shardings name Explicit mesh axes (jax.make_mesh's default axis type;
-`jax.typeof(x).sharding` shows them at trace time):
+The plan:
   - batch axes: the mesh axes of q's dimension 0. block_table and seq_lens are split the same way.
   - head axes: the mesh axes of q's dimension 2 (query heads are independent).
   - the cache: when its page axis is split over exactly the batch axes, each shard keeps its own
@@ -20,10 +14,10 @@ The plan, for arrays whose shardings name Explicit mesh axes (jax.make_mesh's de
     batch slice i); page ids stay GLOBAL and are rebased per shard, an id outside the shard's pages
     becoming invalid (-1), which the kernels report (CPU: an error; GPU: NaN for that request).
     Any other cache sharding is replicated first.
-  - anything else (q sharded on s_q or the 576 columns, ...) is resharded by the shard_map (jax
-    inserts the collectives), so results never depend on the sharding.
-Meshes of Auto axes are invisible at trace time: under plain jit the op then runs replicated
-(XLA gathers its operands); write the shard_map yourself (per shard, mla_decode sees local arrays).
+  - anything else (q sharded on s_q or the 576 columns, ...) is resharded before the shard_map
+    (jax inserts the collectives), so results never depend on the sharding.
+update_kv_cache: the cache keeps its page-axis split; new rows split over the same axes write
+their own shard's pages, replicated new rows are written by the shard holding each page.
 """
 
 from __future__ import annotations
@@ -94,18 +88,37 @@ def plan(q: Any, kv_cache: Any, block_table: Any, seq_lens: Any) -> Plan | None:
     kv = found[1]
     pages_sharded = bool(batch_axes) and kv is not None and kv[0] == mesh and kv[1][0] == batch_axes
     if not batch_axes and not head_axes:
-        # q is replicated: nothing to split (a sharded cache or table is gathered by XLA).
+        # q is replicated: nothing to split here; the op's partitioning rule (_partitioning.py)
+        # gathers a sharded cache or table.
         return None
     return Plan(mesh, batch_axes, head_axes, pages_sharded)
 
 
-def cache_plan(kv_cache: Any, new_latent: Any) -> Plan | None:
-    """update_kv_cache's plan: per-shard writes when new_latent's batch and kv_cache's pages are
-    split over the same explicit axes; None otherwise (XLA partitions the scatter)."""
-    nl, kv = _explicit_sharding(new_latent), _explicit_sharding(kv_cache)
-    if nl is None or kv is None or nl[0] != kv[0] or not nl[1][0] or kv[1][0] != nl[1][0]:
+class CachePlan(NamedTuple):
+    mesh: Any                       # jax.sharding.AbstractMesh
+    page_axes: tuple[str, ...]      # mesh axes splitting kv_cache's pages (kept split)
+    rows_split: bool                # new rows split over page_axes too (per-shard writes)
+
+    def shard_plan(self) -> Plan:
+        """The per-shard-pages rule as a Plan (for check_concrete_write_placement)."""
+        return Plan(self.mesh, self.page_axes, (), True)
+
+
+def cache_plan(kv_cache: Any, new_latent: Any, block_table: Any, positions: Any) -> CachePlan | None:
+    """update_kv_cache's plan, None when no operand is split over explicit axes. The cache keeps
+    its page-axis split; when new_latent's batch is split over the same axes each shard writes its
+    requests into its own pages, otherwise every shard gets all new rows and writes those landing
+    on its pages (the global scatter)."""
+    found = [_explicit_sharding(x) for x in (kv_cache, new_latent, block_table, positions)]
+    meshes = [f[0] for f in found if f is not None]
+    if not meshes:
         return None
-    return Plan(nl[0], nl[1][0], (), True)
+    mesh = meshes[0]
+    kv, nl = found[0], found[1]
+    page_axes = kv[1][0] if kv is not None and kv[0] == mesh else ()
+    rows_split = (bool(page_axes) and nl is not None and nl[0] == mesh
+                  and nl[1][0] == page_axes)
+    return CachePlan(mesh, page_axes, rows_split)
 
 
 def _foreign_page(p: Plan, table: np.ndarray, used: np.ndarray, num_pages: int):
@@ -165,6 +178,30 @@ def check_concrete_write_placement(p: Plan, block_table: Any, positions: Any, nu
         raise _placement_error(p, found, table, where, "write")
 
 
+def conform(x: Any, mesh, spec: P):
+    """x resharded to `spec` over mesh when its explicit sharding differs: shard_map takes
+    inputs typed with explicit shardings only as its in_specs say, so other layouts (a cache split
+    over other axes than the batch, q split on s_q, ...) are resharded first (jax inserts the
+    collectives)."""
+    found = _explicit_sharding(x)
+    if found is None:
+        return x
+    want = [() if e is None else ((e,) if isinstance(e, str) else tuple(e)) for e in spec]
+    want += [()] * (len(found[1]) - len(want))
+    if found[1] == want:
+        return x
+    return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, spec))
+
+
+def local_page_ids(block_table, axes, local_pages: int):
+    """Inside a manual computation over `axes`, whose shard i holds the global pages
+    [i * local_pages, (i + 1) * local_pages): block_table's global ids made local, ids of other
+    shards' pages made invalid (-1)."""
+    base = jax.lax.axis_index(axes) * local_pages
+    own = (block_table >= base) & (block_table < base + local_pages)
+    return jnp.where(own, block_table - base, jnp.int32(-1))
+
+
 def sharded_call(p: Plan, body, q, kv_cache, block_table, seq_lens, schedule):
     """Runs body(q, kv_cache, block_table, seq_lens, schedule_or_None) -> (out, lse) per shard.
 
@@ -181,12 +218,11 @@ def sharded_call(p: Plan, body, q, kv_cache, block_table, seq_lens, schedule):
         in_specs.append(P())
         args.append(schedule)
 
+    args = [conform(x, p.mesh, s) for x, s in zip(args, in_specs)]
+
     def per_shard(q, kv_cache, block_table, seq_lens, *sched):
         if p.pages_sharded:
-            local_pages = kv_cache.shape[0]
-            base = jax.lax.axis_index(B) * local_pages
-            valid = (block_table >= base) & (block_table < base + local_pages)
-            block_table = jnp.where(valid, block_table - base, jnp.int32(-1))
+            block_table = local_page_ids(block_table, B, kv_cache.shape[0])
         out, lse = body(q, kv_cache, block_table, seq_lens, sched[0] if sched else None)
         return out, lse
 

@@ -1,4 +1,5 @@
-"""Multi-device checks of jax_mla.mla_decode, run by tests/api/test_sharding.py in a subprocess.
+"""Multi-device checks of jax_mla.mla_decode and update_kv_cache, run by
+tests/api/test_sharding.py in a subprocess.
 
 They need 8 CPU devices, i.e. XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax
 initialises, which a pytest process that already imported jax cannot get; hence this script:
@@ -11,11 +12,14 @@ multigpu` does that with N = the GPU count.
 
 runs the checks (all, or the named ones) and writes {name: {"ok": bool, "error": str, "seconds": float}}
 to OUT.json. Each check compares sharded results with the unsharded call and the reference, and
-looks for collectives in the compiled HLO.
+looks for collectives in the compiled HLO. Most run once per way the shardings reach jit (MODES:
+Explicit axes, Auto axes as jit in_shardings, Auto-sharded arrays), named "check[mode]".
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 import re
@@ -27,6 +31,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
@@ -128,68 +133,90 @@ LENS = (5, 70, 0, 33, 100, 1, 64, 65, 17, 16, 130, 2, 48, 49, 9, 80)
 
 
 # ----------------------------------------------------------------------------------------------
-# Checks (explicit sharding under plain jit)
+# How a check's inputs reach jit: MODES
 # ----------------------------------------------------------------------------------------------
 
-def check_batch_sharded_pages_per_shard():
+# explicit:   arrays put with NamedShardings on an Explicit mesh, plain jit (shardings in the types)
+# auto:       jit(in_shardings=NamedShardings on an Auto mesh) called with NumPy arrays
+# committed:  arrays put with NamedShardings on an Auto mesh (arriving sharded), plain jit
+MODES = ("explicit", "auto", "committed")
+
+
+def sharded(fn, mode, mesh_, arrays, specs, **jit_kwargs):
+    """(jitted fn, its arguments) for `mode`; mesh_ is Explicit for "explicit", else Auto."""
+    if mode == "auto":
+        shardings = tuple(NamedSharding(mesh_, s) for s in specs)
+        return jax.jit(fn, in_shardings=shardings, **jit_kwargs), list(arrays)
+    return jax.jit(fn, **jit_kwargs), put(mesh_, arrays, specs)
+
+
+def mode_mesh(mode, shape, names):
+    return mesh(shape, names, auto=mode != "explicit")
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks, in every mode
+# ----------------------------------------------------------------------------------------------
+
+def check_batch_sharded_pages_per_shard(mode):
     """Data parallel: q, cache pages, block table and lengths split over the devices."""
     data, _ = sharded_pages_data(NUM_DEVICES, (5, 70))
-    m = mesh((NUM_DEVICES,), ("data",))
-    args = put(m, data.args, [P("data")] * 4)
-    fn = jax.jit(decode)
+    m = mode_mesh(mode, (NUM_DEVICES,), ("data",))
+    fn, args = sharded(decode, mode, m, data.args, [P("data")] * 4)
     got = fn(*args)
     assert got[0].sharding.spec[0] == "data" and got[1].sharding.spec[0] == "data", got[0].sharding
-    assert_agree(got, fn(*data.args))
+    assert_agree(got, jax.jit(decode)(*data.args))
     check_against_reference(data, got)
     assert_no_collectives(fn, *args)
-    # Eager (not jitted) calls take the same path.
-    assert_agree(decode(*args), got)
+    if mode != "auto":
+        # Eager (not jitted) calls take the same path.
+        assert_agree(decode(*args), got)
 
 
-def check_batch_sharded_replicated_cache():
+def check_batch_sharded_replicated_cache(mode):
     """Data parallel over requests reading one replicated cache with global page ids."""
     data = global_data(LENS, seed=11)
-    m = mesh((NUM_DEVICES,), ("data",))
-    args = put(m, data.args, [P("data"), P(), P("data"), P("data")])
-    fn = jax.jit(decode)
+    m = mode_mesh(mode, (NUM_DEVICES,), ("data",))
+    fn, args = sharded(decode, mode, m, data.args, [P("data"), P(), P("data"), P("data")])
     got = fn(*args)
-    assert_agree(got, fn(*data.args))
+    assert got[0].sharding.spec[0] == "data", got[0].sharding
+    assert_agree(got, jax.jit(decode)(*data.args))
     check_against_reference(data, got)
     assert_no_collectives(fn, *args)
 
 
-def check_heads_sharded():
+def check_heads_sharded(mode):
     """Tensor parallel: q split on its head axis; cache, table and lengths replicated."""
     data = global_data(LENS[:6], h_q=16, seed=12)
-    m = mesh((NUM_DEVICES,), ("model",))
-    args = put(m, data.args, [P(None, None, "model"), P(), P(), P()])
-    fn = jax.jit(decode)
+    m = mode_mesh(mode, (NUM_DEVICES,), ("model",))
+    fn, args = sharded(decode, mode, m, data.args, [P(None, None, "model"), P(), P(), P()])
     got = fn(*args)
     assert got[0].sharding.spec[2] == "model" and got[1].sharding.spec[2] == "model"
-    assert_agree(got, fn(*data.args))
+    assert_agree(got, jax.jit(decode)(*data.args))
     check_against_reference(data, got)
     assert_no_collectives(fn, *args)
+    if mode != "auto":
+        assert_agree(decode(*args), got)
 
 
-def check_batch_and_heads_2d_mesh_rank4_cache():
+def check_batch_and_heads_2d_mesh_rank4_cache(mode):
     """N/2-way data parallel x 2-way tensor parallel, per-shard pages, a (P, page, 1, 576) cache."""
     data, _ = sharded_pages_data(NUM_DEVICES // 2, (5, 70, 33), h_q=8, s_q=2, rank4=True, seed=20)
-    m = mesh((NUM_DEVICES // 2, 2), ("data", "model"))
-    args = put(m, data.args, [P("data", None, "model"), P("data"), P("data"), P("data")])
-    fn = jax.jit(decode)
+    m = mode_mesh(mode, (NUM_DEVICES // 2, 2), ("data", "model"))
+    fn, args = sharded(decode, mode, m, data.args,
+                       [P("data", None, "model"), P("data"), P("data"), P("data")])
     got = fn(*args)
-    assert tuple(got[0].sharding.spec)[:3] == ("data", None, "model")
-    assert_agree(got, fn(*data.args))
+    assert tuple(got[0].sharding.spec)[:3] == ("data", None, "model"), got[0].sharding
+    assert_agree(got, jax.jit(decode)(*data.args))
     check_against_reference(data, got)
     assert_no_collectives(fn, *args)
 
 
-def check_schedule_under_batch_sharding():
+def check_schedule_under_batch_sharding(mode):
     """A decode_schedule made for the global batch is dropped under batch sharding; each shard
     plans its own requests inside the op (schedule operand of shape (0,)), with no collective."""
     data, _ = sharded_pages_data(NUM_DEVICES, (5, 130))
-    m = mesh((NUM_DEVICES,), ("data",))
-    args = put(m, data.args, [P("data")] * 4)
+    m = mode_mesh(mode, (NUM_DEVICES,), ("data",))
 
     def two_layers(q, kv, bt, sl):
         sched = jax_mla.decode_schedule(sl, num_heads=16, num_parts=3)
@@ -197,31 +224,30 @@ def check_schedule_under_batch_sharding():
         o2, l2 = decode(-q, kv, bt, sl, sched)  # another layer's query (no CSE)
         return o1, l1, o2, l2
 
-    fn = jax.jit(two_layers)
+    fn, args = sharded(two_layers, mode, m, data.args, [P("data")] * 4)
     got = fn(*args)
-    want = fn(*data.args)
+    want = jax.jit(two_layers)(*data.args)
     assert_agree(got[:2], want[:2])
     assert_agree(got[2:], want[2:])
     text = assert_no_collectives(fn, *args)
     assert "jax_mla_decode_schedule" not in text, "the unused global schedule was not removed"
     calls = [ln for ln in text.splitlines() if 'custom_call_target="jax_mla_decode"' in ln]
     assert len(calls) == 2 and all("s32[0]" in ln for ln in calls), calls
-    assert 'num_parts = 3' in fn.lower(*args).as_text(), "the schedule's num_parts was not kept"
+    assert all("num_parts = 3" in ln for ln in calls), "the schedule's num_parts was not kept"
 
 
-def check_schedule_under_heads_sharding():
+def check_schedule_under_heads_sharding(mode):
     """With only the heads split every shard has the whole batch: the passed schedule is used."""
     data = global_data(LENS[:6], seed=13)
-    m = mesh((NUM_DEVICES,), ("model",))
-    args = put(m, data.args, [P(None, None, "model"), P(), P(), P()])
+    m = mode_mesh(mode, (NUM_DEVICES,), ("model",))
 
     def two_layers(q, kv, bt, sl):
         sched = jax_mla.decode_schedule(sl, num_heads=16, num_parts=5)
         return decode(q, kv, bt, sl, sched) + decode(-q, kv, bt, sl, sched)
 
-    fn = jax.jit(two_layers)
+    fn, args = sharded(two_layers, mode, m, data.args, [P(None, None, "model"), P(), P(), P()])
     got = fn(*args)
-    assert_agree(got[:2], fn(*data.args)[:2])
+    assert_agree(got[:2], jax.jit(two_layers)(*data.args)[:2])
     check_against_reference(data, got[:2])
     text = assert_no_collectives(fn, *args)
     assert text.count('custom_call_target="jax_mla_decode_schedule"') == 1
@@ -230,23 +256,127 @@ def check_schedule_under_heads_sharding():
     assert len(calls) == 2 and all(f"s32[{size}]" in ln for ln in calls), calls
 
 
-def check_page_on_another_shard_is_an_error():
+def check_step_with_projections(mode):
+    """A step as model code writes it (examples/deepseek_v3_mla.py): the query projected from
+    hidden states, mla_decode, the per-head value projection and the output projection, with
+    the batch split (and, on a 2-D mesh, the heads: their weights split, no output projection,
+    which would sum over heads). No collective; values as on one device."""
+    h, d = 16, 64
+    # Pages per shard for 8 shards are also pages per shard for 4 (two neighbours' together).
+    data, _ = sharded_pages_data(NUM_DEVICES, (5, 70), h_q=h, seed=25)
+    b = data.case.b
+    rng = np.random.default_rng(26)
+    x = rng.standard_normal((b, d)).astype(np.float32)
+    w_q = (rng.standard_normal((d, h, 576)) * d ** -0.5).astype(np.float32)
+    w_v = (rng.standard_normal((h, 512, 32)) * 512 ** -0.5).astype(np.float32)
+    w_o = (rng.standard_normal((h, 32, d)) * 512 ** -0.5).astype(np.float32)
+
+    def step(x, w_q, kv, bt, sl, w_v, *w_o):
+        q = jnp.einsum("bd,dhc->bhc", x, w_q)[:, None].astype(kv.dtype)
+        o = jax_mla.mla_decode(q, kv, bt, sl)[:, 0].astype(jnp.float32)
+        o = jnp.einsum("bhc,hcv->bhv", o, w_v)
+        return jnp.einsum("bhv,hvd->bd", o, w_o[0]) if w_o else o
+
+    arrays = (x, w_q, data.kv_cache, data.block_table, data.seq_lens, w_v)
+    m = mode_mesh(mode, (NUM_DEVICES,), ("data",))
+    specs = [P("data"), P(), P("data"), P("data"), P("data"), P()]
+    fn, args = sharded(step, mode, m, arrays + (w_o,), specs + [P()])
+    got = np.asarray(fn(*args))
+    want = np.asarray(jax.jit(step)(*arrays, w_o))
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+    assert_no_collectives(fn, *args)
+
+    m2 = mode_mesh(mode, (NUM_DEVICES // 2, 2), ("data", "model"))
+    specs2 = [P("data"), P(None, "model"), P("data"), P("data"), P("data"), P("model")]
+    fn, args = sharded(step, mode, m2, arrays, specs2)
+    got = fn(*args)
+    assert tuple(got.sharding.spec)[:2] == ("data", "model"), got.sharding
+    np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(step)(*arrays)), rtol=2e-2,
+                               atol=2e-2)
+    assert_no_collectives(fn, *args)
+
+
+def check_other_layouts_are_resharded(mode):
+    """Layouts the rule does not split on (q split on s_q or on the 576 columns; the cache's
+    pages split over other axes than the batch) are resharded, never computed wrongly."""
+    data = global_data(LENS, seed=14)
+    data.q = np.concatenate([data.q, -data.q], axis=1)  # s_q = 2
+    m = mode_mesh(mode, (NUM_DEVICES // 2, 2), ("data", "model"))
+    want = jax.jit(decode)(*data.args)
+    for specs in ([P(None, "model"), P(), P(), P()],
+                  [P(None, None, None, "data"), P(), P(), P()],
+                  [P("data"), P("model"), P("data"), P("data")],
+                  [P("data"), P(("data", "model")), P(), P("model")],
+                  [P(), P("data"), P(), P()]):
+        fn, args = sharded(decode, mode, m, data.args, specs)
+        assert_agree(fn(*args), want)
+
+
+def check_update_kv_cache_batch_sharded(mode):
+    """update_kv_cache with per-shard pages: each shard writes its own pages, no collective, the
+    donated cache aliased to the result; the result equals the unsharded update bit for bit."""
+    data, _ = sharded_pages_data(NUM_DEVICES, (5, 70), seed=60)
+    rng = np.random.default_rng(61)
+    new = rng.standard_normal((data.case.b, 2, cases.HEAD_DIM_QK)).astype(data.kv_cache.dtype)
+    # Rewrite each request's last two tokens (length 0 or 1: padding -1 for the missing ones).
+    positions = (data.seq_lens[:, None] + np.array([-2, -1], np.int32)).astype(np.int32)
+    positions = np.maximum(positions, -1)
+    want = jax.jit(jax_mla.update_kv_cache)(data.kv_cache, new, data.block_table, positions)
+    m = mode_mesh(mode, (NUM_DEVICES,), ("data",))
+    fn, args = sharded(jax_mla.update_kv_cache, mode, m,
+                       (data.kv_cache, new, data.block_table, positions), [P("data")] * 4,
+                       donate_argnums=0)
+    if mode == "auto":
+        args[0] = jax.device_put(args[0], NamedSharding(m, P("data")))  # a donatable cache
+    text = fn.lower(*args).compile().as_text()
+    assert not collectives(text), collectives(text)
+    assert re.search(r"input_output_alias=\{ \{\}: \(0, \{\}, may-alias\) \}", text), \
+        text.splitlines()[0]
+    got = fn(*args)
+    assert got.sharding.spec[0] == "data"
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16))
+    assert args[0].is_deleted()
+
+
+def check_update_kv_cache_replicated_rows(mode):
+    """The cache's pages split, the new rows (and block table, positions) replicated: every write
+    lands on its page wherever it is (the global scatter), with no collective."""
+    data = global_data(LENS, seed=62)
+    rng = np.random.default_rng(63)
+    new = rng.standard_normal((data.case.b, 1, cases.HEAD_DIM_QK)).astype(data.kv_cache.dtype)
+    positions = np.where(data.seq_lens > 0, data.seq_lens - 1, -1)[:, None].astype(np.int32)
+    arrays = (data.kv_cache, new, data.block_table, positions)
+    want = jax.jit(jax_mla.update_kv_cache)(*arrays)
+    m = mode_mesh(mode, (NUM_DEVICES,), ("data",))
+    fn, args = sharded(jax_mla.update_kv_cache, mode, m, arrays, [P("data"), P(), P(), P()])
+    got = fn(*args)
+    assert got.sharding.spec[0] == "data"
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16))
+    text = fn.lower(*args).compile().as_text()
+    assert not collectives(text), collectives(text)
+
+
+def check_page_on_another_shard_is_an_error(mode):
     """With per-shard pages, a request may only read its shard's pages: concrete inputs are
-    refused at call time, traced ones by the kernel (an id outside the shard becomes invalid)."""
+    refused at call time under Explicit axes, traced ones by the kernel (an id outside the shard
+    becomes invalid)."""
     data, _ = sharded_pages_data(NUM_DEVICES, (5, 70))
     table = data.block_table.copy()
     table[2, 0] = table[0, 0]  # request 2 (shard 1) points at a page of shard 0
-    m = mesh((NUM_DEVICES,), ("data",))
-    args = put(m, (data.q, data.kv_cache, table, data.seq_lens), [P("data")] * 4)
-    try:
-        decode(*args)
-    except ValueError as e:
-        assert f"batch shard 1 of {NUM_DEVICES}" in str(e) and "block_table[2, 0]" in str(e), str(e)
-    else:
-        raise AssertionError("no error for a page on another shard (eager)")
+    m = mode_mesh(mode, (NUM_DEVICES,), ("data",))
+    fn, args = sharded(decode, mode, m, (data.q, data.kv_cache, table, data.seq_lens),
+                       [P("data")] * 4)
+    if mode == "explicit":
+        try:
+            decode(*args)
+        except ValueError as e:
+            assert f"batch shard 1 of {NUM_DEVICES}" in str(e) and "block_table[2, 0]" in str(e), \
+                str(e)
+        else:
+            raise AssertionError("no error for a page on another shard (eager)")
     if jax.devices()[0].platform == "cpu":
         try:
-            jax.block_until_ready(jax.jit(decode)(*args))
+            jax.block_until_ready(fn(*args))
         except Exception as e:  # noqa: BLE001 - JaxRuntimeError or ValueError by jaxlib version
             assert "block_table" in str(e), str(e)
         else:
@@ -254,10 +384,12 @@ def check_page_on_another_shard_is_an_error():
     else:
         # On a GPU the block table is read on the device only: the request reading outside its
         # shard gets NaN output and LSE, every other request its normal result (README).
-        out, lse = (np.asarray(x, np.float32) for x in jax.jit(decode)(*args))
+        out, lse = (np.asarray(x, np.float32) for x in fn(*args))
         assert np.isnan(out[2]).all() and np.isnan(lse[2]).all(), "request 2 is not NaN"
         rest = np.arange(data.case.b) != 2
         assert np.isfinite(out[rest]).all(), "a request other than 2 is not finite"
+    if mode != "explicit":
+        return
     # update_kv_cache: the same rule for the pages written (concrete inputs).
     new = np.zeros((data.case.b, 1, cases.HEAD_DIM_QK), data.kv_cache.dtype)
     pos = np.full((data.case.b, 1), -1, np.int32)
@@ -271,37 +403,10 @@ def check_page_on_another_shard_is_an_error():
         raise AssertionError("no error for a write to another shard's page")
 
 
-def check_update_kv_cache_batch_sharded():
-    """update_kv_cache with per-shard pages: each shard writes its own pages, no collective, the
-    donated cache aliased to the result; the result equals the unsharded update bit for bit."""
-    data, _ = sharded_pages_data(NUM_DEVICES, (5, 70), seed=60)
-    rng = np.random.default_rng(61)
-    new = rng.standard_normal((data.case.b, 2, cases.HEAD_DIM_QK)).astype(data.kv_cache.dtype)
-    # Rewrite each request's last two tokens (length 0 or 1: padding -1 for the missing ones).
-    positions = (data.seq_lens[:, None] + np.array([-2, -1], np.int32)).astype(np.int32)
-    positions = np.maximum(positions, -1)
-    want = jax.jit(jax_mla.update_kv_cache)(data.kv_cache, new, data.block_table, positions)
-    m = mesh((NUM_DEVICES,), ("data",))
-    args = put(m, (data.kv_cache, new, data.block_table, positions), [P("data")] * 4)
-    fn = jax.jit(jax_mla.update_kv_cache, donate_argnums=0)
-    compiled = fn.lower(*args).compile()
-    text = compiled.as_text()
-    assert not collectives(text), collectives(text)
-    assert re.search(r"input_output_alias=\{ \{\}: \(0, \{\}, may-alias\) \}", text), \
-        text.splitlines()[0]
-    got = fn(*args)
-    assert got.sharding.spec[0] == "data"
-    np.testing.assert_array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16))
-    assert args[0].is_deleted()
-
-
-# ----------------------------------------------------------------------------------------------
-# Checks (shard_map, auto meshes, export)
-# ----------------------------------------------------------------------------------------------
-
-def _shard_map_checks(auto):
+def check_shard_map(mode):
+    """shard_map written by the caller: inside it mla_decode sees one shard's arrays."""
     data, shards = sharded_pages_data(NUM_DEVICES, (5, 70), seed=30)
-    m = mesh((NUM_DEVICES,), ("data",), auto=auto)
+    m = mode_mesh(mode, (NUM_DEVICES,), ("data",))
     # Per shard the block table holds LOCAL page ids: build the global (concatenated) local tables.
     local_tables = np.concatenate([d.block_table for d in shards])
 
@@ -310,43 +415,40 @@ def _shard_map_checks(auto):
         sched = jax_mla.decode_schedule(sl, num_heads=16)
         return decode(q, kv, bt, sl, sched)
 
-    fn = jax.jit(jax.shard_map(step, mesh=m, in_specs=(P("data"),) * 4,
-                               out_specs=(P("data"), P("data"))))
-    args = (data.q, data.kv_cache, local_tables, data.seq_lens)
-    if not auto:  # explicit axes: shard_map wants inputs already split like its in_specs
-        args = put(m, args, [P("data")] * 4)
+    smap = jax.shard_map(step, mesh=m, in_specs=(P("data"),) * 4, out_specs=(P("data"), P("data")))
+    fn, args = sharded(smap, mode, m, (data.q, data.kv_cache, local_tables, data.seq_lens),
+                       [P("data")] * 4)
     got = fn(*args)
     want = [decode(*d.args) for d in shards]
     assert_agree(got, [np.concatenate([w[i] for w in want]) for i in range(2)])
     check_against_reference(data, got)
     assert_no_collectives(fn, *args)
 
-    heads = jax.jit(jax.shard_map(decode, mesh=m, in_specs=(P(None, None, "data"), P(), P(), P()),
-                                  out_specs=(P(None, None, "data"), P(None, None, "data"))))
+    heads = jax.shard_map(decode, mesh=m, in_specs=(P(None, None, "data"), P(), P(), P()),
+                          out_specs=(P(None, None, "data"), P(None, None, "data")))
     hdata = global_data(LENS[:4], seed=31)
-    hargs = hdata.args if auto else put(m, hdata.args, [P(None, None, "data"), P(), P(), P()])
-    got = heads(*hargs)
-    assert_agree(got, decode(*hdata.args))
-    assert_no_collectives(heads, *hargs)
+    fn, hargs = sharded(heads, mode, m, hdata.args, [P(None, None, "data"), P(), P(), P()])
+    assert_agree(fn(*hargs), decode(*hdata.args))
+    assert_no_collectives(fn, *hargs)
 
 
-def check_shard_map_explicit_mesh():
-    _shard_map_checks(auto=False)
+def check_auto_axes_under_gspmd_propagation():
+    """Auto axes with GSPMD instead of Shardy propagating the shardings (deprecated in XLA, still
+    selectable): the op's infer_sharding_from_operands callback serves it the same way."""
+    shardy = jax.config.jax_use_shardy_partitioner
+    jax.config.update("jax_use_shardy_partitioner", False)
+    try:
+        for mode in ("auto", "committed"):
+            check_batch_sharded_pages_per_shard(mode)
+            check_heads_sharded(mode)
+            check_update_kv_cache_batch_sharded(mode)
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", shardy)
 
 
-def check_shard_map_auto_mesh():
-    _shard_map_checks(auto=True)
-
-
-def check_auto_mesh_plain_jit_is_correct():
-    """Auto axes are invisible at trace time: the op runs replicated (XLA gathers its operands).
-    Only the values are checked here; README documents the collectives."""
-    data = global_data(LENS, seed=40)
-    m = mesh((NUM_DEVICES,), ("data",), auto=True)
-    args = put(m, data.args, [P("data"), P(), P("data"), P("data")])
-    fn = jax.jit(decode)
-    assert_agree(fn(*args), fn(*data.args))
-
+# ----------------------------------------------------------------------------------------------
+# Checks: export
+# ----------------------------------------------------------------------------------------------
 
 def check_export_of_a_sharded_step():
     """A data-parallel step with explicit shardings exports, serializes and runs."""
@@ -363,8 +465,46 @@ def check_export_of_a_sharded_step():
     assert_no_collectives(call, *args)
 
 
-CHECKS = {name[len("check_"):]: fn for name, fn in sorted(globals().items())
-          if name.startswith("check_") and callable(fn) and name != "check_against_reference"}
+def check_export_under_auto_axes_is_refused():
+    """Auto axes: mla_decode's partitioning is a compile-time callback jax.export cannot carry,
+    so a multi-device export of it fails, naming the ways that export, instead of replicating
+    the op. update_kv_cache exports as its plain scatter."""
+    data, _ = sharded_pages_data(NUM_DEVICES, (5, 70), seed=51)
+    m = mesh((NUM_DEVICES,), ("data",), auto=True)
+    shardings = tuple(NamedSharding(m, P("data")) for _ in range(4))
+    for fn in (decode, jax.jit(decode)):
+        try:
+            jax.export.export(jax.jit(fn, in_shardings=shardings),
+                              disabled_checks=jax_mla.export_disabled_checks())(*data.args)
+        except ValueError as e:
+            assert "Explicit" in str(e) and "shard_map" in str(e), str(e)
+        else:
+            raise AssertionError("an export under Auto axes did not fail")
+    positions = np.maximum(data.seq_lens - 1, -1)[:, None].astype(np.int32)
+    new = np.ones((data.case.b, 1, cases.HEAD_DIM_QK), data.kv_cache.dtype)
+    upd = (data.kv_cache, new, data.block_table, positions)
+    exp = jax.export.export(jax.jit(jax_mla.update_kv_cache, in_shardings=shardings))(*upd)
+    restored = jax.export.deserialize(exp.serialize())
+    got = restored.call(*put(m, upd, [P("data")] * 4))
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint16),
+                                  np.asarray(jax_mla.update_kv_cache(*upd)).view(np.uint16))
+
+
+def _checks():
+    """{name: check}: the mode-dependent checks once per mode ("name[mode]"), then the others."""
+    found = {}
+    for name, fn in sorted(globals().items()):
+        if not name.startswith("check_") or name == "check_against_reference":
+            continue
+        if "mode" in inspect.signature(fn).parameters:
+            for mode in MODES:
+                found[f"{name[len('check_'):]}[{mode}]"] = functools.partial(fn, mode)
+        else:
+            found[name[len("check_"):]] = fn
+    return found
+
+
+CHECKS = _checks()
 
 
 def main(argv):

@@ -11,7 +11,7 @@ import pytest
 
 import cases
 import jax_mla
-from jax_mla import _cache
+from jax_mla import _paged_write
 
 D = 576
 
@@ -93,7 +93,7 @@ def test_donated_cache_is_updated_in_place(dtype, rank4):
     stats = compiled.memory_analysis()
     assert stats.alias_size_in_bytes == cache_bytes
     temp = stats.temp_size_in_bytes
-    if dtype == "bfloat16" and _cache._CPU_UPCASTS_BF16_SCATTER:
+    if dtype == "bfloat16" and _paged_write._CPU_UPCASTS_BF16_SCATTER:
         # jaxlib < 0.12 on CPU: scattered as uint16 bits, through one copy (documented).
         assert cache_bytes <= temp < cache_bytes * 9 // 8, (temp, cache_bytes)
     else:
@@ -123,6 +123,26 @@ def test_traced_out_of_range_entries_are_not_written():
         np.isin(np.arange(8).reshape(2, 4), [0, 5]), -1, positions))))
 
 
+def test_vmap_and_gradient_are_those_of_the_plain_write():
+    """update_kv_cache is a primitive (for its sharding rule); vmap and differentiation behave as
+    for the plain jax scatter."""
+    kv, new, table, positions = problem("float16")
+    kv = np.where(np.isfinite(kv), kv, 0).astype(kv.dtype)
+    kvs = np.stack([kv, -kv])
+    got = jax.vmap(jax_mla.update_kv_cache, in_axes=(0, None, None, None))(kvs, new, table,
+                                                                            positions)
+    for i in range(2):
+        np.testing.assert_array_equal(bits(got[i]), bits(expected(kvs[i], new, table, positions)))
+
+    def loss(write):
+        return lambda kv, rows: (write(kv, rows, table, positions).astype(jnp.float32) ** 2).sum()
+
+    got = jax.grad(loss(jax_mla.update_kv_cache), argnums=(0, 1))(kv, new)
+    want = jax.grad(loss(_paged_write.write), argnums=(0, 1))(jnp.asarray(kv), jnp.asarray(new))
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(bits(g), bits(w))
+
+
 def test_lowering_per_platform():
     kv, new, table, positions = problem()
     traced = jax.jit(jax_mla.update_kv_cache).trace(kv, new, table, positions)
@@ -131,7 +151,7 @@ def test_lowering_per_platform():
     for text in (cpu, cuda):
         assert "stablehlo.scatter" in text and "unique_indices = true" in text
     assert "bitcast_convert" not in cuda
-    assert ("bitcast_convert" in cpu) == _cache._CPU_UPCASTS_BF16_SCATTER
+    assert ("bitcast_convert" in cpu) == _paged_write._CPU_UPCASTS_BF16_SCATTER
 
 
 # ----------------------------------------------------------------------------------------------

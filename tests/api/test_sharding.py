@@ -1,5 +1,6 @@
-"""mla_decode over 8 CPU devices: batch (data parallel) and head (tensor parallel) sharding under
-plain jit and inside shard_map, the schedule under sharding, export of a sharded step.
+"""mla_decode and update_kv_cache over 8 CPU devices: batch (data parallel) and head (tensor
+parallel) sharding over Explicit and Auto mesh axes, alone and inside a step with projections,
+inside shard_map, the schedule under sharding, resharded layouts, export of a sharded step.
 
 The checks live in sharding_worker.py and run in ONE subprocess started with
 XLA_FLAGS=--xla_force_host_platform_device_count=8 (the flag must be set before jax initialises,
