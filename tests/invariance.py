@@ -77,10 +77,19 @@ class Batch:
     positions: list[int]   # where each target sits
 
 
-def batch(rng, cfg: Config, tgts: list[Target], num_others: int, focus: int, where: str) -> Batch:
+def key_pool(rng, cfg: Config, rows: int = 1 << 16) -> np.ndarray:
+    """Random cache rows to draw the others' keys from (drawing every batch's keys afresh costs
+    seconds at b = 256 with long requests; a fresh draw of rows from the pool does not)."""
+    return rng.standard_normal((rows, HEAD_DIM_QK), np.float32).astype(cases.DTYPES[cfg.dtype])
+
+
+def batch(rng, cfg: Config, tgts: list[Target], num_others: int, focus: int, where: str,
+          pool: np.ndarray | None = None, bucket: bool = False) -> Batch:
     """The targets among num_others random requests: target `focus` first, last or in the middle
     (where), the other targets at random places. Every page id is shuffled, and the cache holds
-    NaN wherever no request's token lives."""
+    NaN wherever no request's token lives. pool: draw the others' keys from these rows (else
+    afresh); bucket: round the cache's page count and the table's width up to powers of two, so
+    that batches of one size share a compiled call."""
     dt = cases.DTYPES[cfg.dtype]
     b = num_others + len(tgts)
     lens = other_lengths(rng, num_others, cfg)
@@ -106,12 +115,15 @@ def batch(rng, cfg: Config, tgts: list[Target], num_others: int, focus: int, whe
             keys[r] = t.keys
         else:
             n = next(others)
-            keys[r] = rng.standard_normal((n, HEAD_DIM_QK)).astype(dt)
+            keys[r] = (rng.standard_normal((n, HEAD_DIM_QK)).astype(dt) if pool is None
+                       else pool[rng.integers(0, pool.shape[0], n)])
         seq_lens[r] = keys[r].shape[0]
     page = cfg.page_size
     pages_of = [-(-int(n) // page) for n in seq_lens]
     num_pages = sum(pages_of) + int(rng.integers(1, 4))
     max_pages = max(max(pages_of), 1) + int(rng.integers(0, 3))
+    if bucket:
+        num_pages, max_pages = 1 << (num_pages - 1).bit_length(), 1 << (max_pages - 1).bit_length()
     ids = rng.permutation(num_pages).astype(np.int32)
     kv = np.full((num_pages, page, HEAD_DIM_QK), np.nan, dtype=dt)
     table = rng.choice(np.array([-1, num_pages, 2**31 - 1], np.int64), size=(b, max_pages)).astype(np.int32)
@@ -131,43 +143,55 @@ def batch_sizes() -> tuple[int, ...]:
     return (0, 1, 2, 5, 17, 63, 128, 256)
 
 
-def check_invariant(run, cfg: Config, *, sizes=None, seed=0) -> int:
-    """run(q, kv_cache, block_table, seq_lens) -> (out, lse) with batch_invariant=True. Asserts
+def batches(cfg: Config, tgts: list[Target], sizes=None, seed=0, pool=False, bucket=False):
+    """(batch, description) for every size, with each placement (first, last, middle) in turn
+    given to one of the targets; fresh others every batch."""
+    rng = np.random.default_rng(seed)
+    rows = key_pool(rng, cfg) if pool else None
+    k = 0
+    for n in batch_sizes() if sizes is None else sizes:
+        for where in ("first", "last", "middle"):
+            focus = k % len(tgts)
+            k += 1
+            yield batch(rng, cfg, tgts, n, focus, where, pool=rows, bucket=bucket), f"{where} for target {focus}"
+
+
+def alone(run, tgts: list[Target]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each target's (out, lse) run on its own, without the batch axis."""
+    return [tuple(np.asarray(x)[0] for x in run(*t.data.args)) for t in tgts]
+
+
+def check_invariant(run, cfg: Config, *, sizes=None, seed=0, pool=False, bucket=False) -> int:
+    """run(q, kv_cache, block_table, seq_lens) -> (out, lse) with batch_invariant=True, or a list of
+    such runs used in turn from batch to batch (e.g. with and without a passed schedule). Asserts
     that every target's out and lse are bitwise those of the target run alone, in every batch.
     Returns the number of (target, batch) comparisons made."""
+    runs = list(run) if isinstance(run, (list, tuple)) else [run]
     tgts = targets(cfg)
-    alone = [tuple(np.asarray(x)[0] for x in run(*t.data.args)) for t in tgts]  # (s_q, h_q, ...)
-    rng = np.random.default_rng(seed)
+    want = alone(runs[0], tgts)
     compared = 0
-    for k, n in enumerate(batch_sizes() if sizes is None else sizes):
-        for w, where in enumerate(("first", "last", "middle")):
-            focus = (3 * k + w) % len(tgts)
-            bt = batch(rng, cfg, tgts, n, focus, where)
-            out, lse = (np.asarray(x) for x in run(*bt.args))
-            for t, pos in enumerate(bt.positions):
-                label = (f"target {t} (seq_len {cfg.target_lens[t]}) at {pos} of a batch of "
-                         f"{len(bt.args[3])} ({where} for target {focus})")
-                assert np.array_equal(out[pos], alone[t][0], equal_nan=True), f"out of {label}"
-                assert np.array_equal(lse[pos], alone[t][1], equal_nan=True), f"lse of {label}"
-                compared += 1
+    for i, (bt, how) in enumerate(batches(cfg, tgts, sizes, seed, pool, bucket)):
+        out, lse = (np.asarray(x) for x in runs[i % len(runs)](*bt.args))
+        for t, pos in enumerate(bt.positions):
+            label = (f"target {t} (seq_len {cfg.target_lens[t]}) at {pos} of a batch of "
+                     f"{len(bt.args[3])} ({how}, run {i % len(runs)})")
+            assert np.array_equal(out[pos], want[t][0], equal_nan=True), f"out of {label}"
+            assert np.array_equal(lse[pos], want[t][1], equal_nan=True), f"lse of {label}"
+            compared += 1
     return compared
 
 
-def find_difference(run, cfg: Config, *, sizes=None, seed=0) -> str | None:
+def find_difference(run, cfg: Config, *, sizes=None, seed=0, pool=False, bucket=False) -> str | None:
     """The same batches as check_invariant, run by `run` (the default plans); the first target
     whose bits differ from its run alone, described, or None when every one matched."""
     tgts = targets(cfg)
-    alone = [tuple(np.asarray(x)[0] for x in run(*t.data.args)) for t in tgts]  # (s_q, h_q, ...)
-    rng = np.random.default_rng(seed)
-    for k, n in enumerate(batch_sizes() if sizes is None else sizes):
-        for w, where in enumerate(("first", "last", "middle")):
-            focus = (3 * k + w) % len(tgts)
-            bt = batch(rng, cfg, tgts, n, focus, where)
-            out, lse = (np.asarray(x) for x in run(*bt.args))
-            for t, pos in enumerate(bt.positions):
-                if not (np.array_equal(out[pos], alone[t][0], equal_nan=True)
-                        and np.array_equal(lse[pos], alone[t][1], equal_nan=True)):
-                    diff = np.abs(np.asarray(out[pos], np.float64) - np.asarray(alone[t][0], np.float64))
-                    return (f"target {t} (seq_len {cfg.target_lens[t]}) at {pos} of a batch of "
-                            f"{len(bt.args[3])}: max |out - alone| = {np.nanmax(diff):.3g}")
+    want = alone(run, tgts)
+    for bt, how in batches(cfg, tgts, sizes, seed, pool, bucket):
+        out, lse = (np.asarray(x) for x in run(*bt.args))
+        for t, pos in enumerate(bt.positions):
+            if not (np.array_equal(out[pos], want[t][0], equal_nan=True)
+                    and np.array_equal(lse[pos], want[t][1], equal_nan=True)):
+                diff = np.abs(np.asarray(out[pos], np.float64) - np.asarray(want[t][0], np.float64))
+                return (f"target {t} (seq_len {cfg.target_lens[t]}) at {pos} of a batch of "
+                        f"{len(bt.args[3])}: max |out - alone| = {np.nanmax(diff):.3g}")
     return None
