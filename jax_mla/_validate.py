@@ -302,7 +302,7 @@ def check_num_parts(num_parts: Any, batch: int, where: str = "decode_schedule") 
     if isinstance(num_parts, (bool, np.bool_)) or not isinstance(num_parts, numbers.Integral):
         raise TypeError(f"{where}: num_parts must be a Python int, got {type(num_parts).__name__}")
     n = int(num_parts)
-    if n < 1 or schedule_size(batch, n, True) > _INT32_MAX:
+    if n < 1 or schedule_size(batch, n) > _INT32_MAX:
         raise ValueError(f"{where}: num_parts must be a positive int small enough for an int32 "
                          f"schedule, got {n}")
     return n

@@ -7,8 +7,9 @@
 //
 // A part lists requests info[kPartBeginReq] .. info[kPartEndReq] (none when end < begin). Its
 // first and last request may be cut by a part boundary; the requests between lie wholly inside it.
-// A request of the range may still yield no piece: an empty request (seq_len <= 0), or a part that
-// holds only the overhead units of its first request (scheduler.h's cost line). The walks skip
+// A request of the range may still yield no piece: an empty request (seq_len <= 0), a part that
+// holds only the overhead units of its first request (scheduler.h's cost line), or a
+// batch-invariant part whose range of its first or last request holds no chunk. The walks skip
 // those, so piece ordinals (and their parity, which selects double-buffered per-piece state such as
 // the SM90 row sums or the portable loader's bad-page flags) count non-empty pieces only.
 //
