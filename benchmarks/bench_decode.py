@@ -271,7 +271,8 @@ def main() -> int:
         for (num_parts, bi), us in zip(variants, times):
             # Decode calls of this config that ran the handler (all variants together), and how many of
             # those were traced into a CUDA graph (replays of a recorded graph do not run the handler).
-            tag = (f"/p{num_parts}" if num_parts else "") + ("/bi" if bi else "") + ("/l2res" if args.l2_resident else "")
+            tag = ((f"/p{num_parts}" if num_parts else "") + ("/bi" if bi else "")
+                   + ("/l2res" if args.l2_resident else ""))
             row = dict(name=cfg.name, impl=impl + tag, kernel=args.kernel, num_parts=num_parts, us=us, rel_err=err,
                        calls=calls, sets=num_sets, l2_resident=args.l2_resident, interleaved=len(variants) > 1,
                        batch_invariant=bi, invariant_chunk=args.invariant_chunk if bi else None)

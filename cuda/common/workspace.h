@@ -26,7 +26,8 @@ MLA_HOST_DEVICE int64_t merge_counters_bytes(int64_t batch, int64_t rows) {
 }
 
 // max_chunks: the batch-invariant plan's S (ChunkSpec::max_chunks), 0 for the default plans.
-MLA_HOST_DEVICE WorkspaceLayout workspace_layout(int64_t batch, int64_t rows, int64_t num_parts, int64_t max_chunks = 0) {
+MLA_HOST_DEVICE WorkspaceLayout workspace_layout(int64_t batch, int64_t rows, int64_t num_parts,
+                                                 int64_t max_chunks = 0) {
   WorkspaceLayout w;
   const int64_t splits = max_splits(batch, num_parts, max_chunks);
   w.schedule_offset = 0;

@@ -70,7 +70,9 @@ struct DecodeShape {
 
 // The `chunk_blocks` attribute of both targets: 0 (the default plans) or the batch-invariant
 // plan's chunk size in [1, kMaxInvariantChunkBlocks] blocks.
-inline bool chunk_blocks_ok(int32_t chunk_blocks) { return chunk_blocks >= 0 && chunk_blocks <= kMaxInvariantChunkBlocks; }
+inline bool chunk_blocks_ok(int32_t chunk_blocks) {
+  return chunk_blocks >= 0 && chunk_blocks <= kMaxInvariantChunkBlocks;
+}
 
 // Checks the operands, results and attributes of jax_mla_decode; on success `shape` describes them.
 inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576) bf16 | f16
@@ -138,8 +140,8 @@ inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576
 
   if (num_parts < 1) return invalid_argument(kTarget, "num_parts must be >= 1, got ", num_parts);
   if (!chunk_blocks_ok(chunk_blocks)) {
-    return invalid_argument(kTarget, "chunk_blocks (batch_invariant's chunk in ", kBlockN, "-token blocks) must be 0 or in [1, ",
-                            kMaxInvariantChunkBlocks, "], got ", chunk_blocks);
+    return invalid_argument(kTarget, "chunk_blocks (batch_invariant's chunk in ", kBlockN,
+                            "-token blocks) must be 0 or in [1, ", kMaxInvariantChunkBlocks, "], got ", chunk_blocks);
   }
   const bool invariant = chunk_blocks > 0;
   const auto schd = schedule.dimensions();
@@ -245,8 +247,8 @@ inline ffi::Error check_schedule(ffi::AnyBuffer seq_lens,  // (b,) s32
   if (sd[0] > kIntMax) return invalid_argument(kTarget, "batch size ", sd[0], " exceeds ", kIntMax);
   if (num_parts < 1) return invalid_argument(kTarget, "num_parts must be >= 1, got ", num_parts);
   if (!chunk_blocks_ok(chunk_blocks)) {
-    return invalid_argument(kTarget, "chunk_blocks (batch_invariant's chunk in ", kBlockN, "-token blocks) must be 0 or in [1, ",
-                            kMaxInvariantChunkBlocks, "], got ", chunk_blocks);
+    return invalid_argument(kTarget, "chunk_blocks (batch_invariant's chunk in ", kBlockN,
+                            "-token blocks) must be 0 or in [1, ", kMaxInvariantChunkBlocks, "], got ", chunk_blocks);
   }
   const bool invariant = chunk_blocks > 0;
   const int64_t expected = schedule_size(sd[0], num_parts, invariant);
