@@ -17,14 +17,17 @@ timed runs without calling the handler, so a captured row shows handler runs = 2
 traced = calls.
 
 Usage: python benchmarks/bench_decode.py [--only NAME[,NAME...]] [--xla] [--kernel portable] [--num-parts 16,33,66]
-                                        [--json out.json]
+                                        [--batch-invariant off|on|both] [--invariant-chunk TOKENS] [--json out.json]
 
 --kernel times a forced CUDA kernel (mla_decode's kernel= argument: auto, sm90, sm100, portable);
 the table and the JSON record it, with jax_mla.kernel_info() of the device. --num-parts times each
 config once per listed split-KV part count (decode_schedule's num_parts; "0" is the default policy),
 for tuning the default; rows are named jax_mla/pN. With more than one part count, the variants are
 timed in turn inside one process (A B A B ...), so that the differences between processes (5-16% on
-the device machine) do not enter the comparison.
+the device machine) do not enter the comparison. --batch-invariant times mla_decode(...,
+batch_invariant=True) (rows tagged /bi, schedules from decode_schedule(..., batch_invariant=True));
+"both" times the default and the batch-invariant calls in turn in one process, which is how the
+cost of the mode is measured (--invariant-chunk: its chunk in tokens, default the API's).
 """
 
 from __future__ import annotations
@@ -160,6 +163,11 @@ def main() -> int:
                     help="CUDA kernel to time (mla_decode's kernel= argument)")
     ap.add_argument("--num-parts", default="0",
                     help="comma-separated split-KV part counts to time (0 = the default policy)")
+    ap.add_argument("--batch-invariant", default="off", choices=["off", "on", "both"],
+                    help="time mla_decode(..., batch_invariant=True): instead of the default (on) or "
+                         "interleaved with it in one process (both)")
+    ap.add_argument("--invariant-chunk", type=int, default=None,
+                    help="batch_invariant's chunk in tokens (default: the API's)")
     args = ap.parse_args()
     _setup_xla_flags(not args.no_graphs)
 
@@ -184,6 +192,9 @@ def main() -> int:
     part_counts = [int(x) for x in args.num_parts.split(",")]
     if any(n < 0 for n in part_counts):
         ap.error("--num-parts takes counts >= 0 (0 = the default policy)")
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.batch_invariant]
+    # The timed variants: (num_parts, batch_invariant), all in turn in one process when several.
+    variants = [(n, bi) for n in part_counts for bi in modes]
 
     rng = np.random.default_rng(1234)
     rows = []
@@ -218,46 +229,53 @@ def main() -> int:
         calls = max(num_sets, cfg.calls_per_step(copy_gbps, mm_tflops, hi=64))
         q, cache, tables, seq_lens = build_inputs(cfg, rng, jnp, np, num_sets, calls, args.l2_resident)
 
-        def make_step(op, num_parts):
+        def mode_kw(bi):
+            return dict(batch_invariant=True, invariant_chunk=args.invariant_chunk) if bi else {}
+
+        def make_step(op, num_parts, bi=False):
             def step(q, cache, tables, seq_lens):
                 # One split-KV plan per step, shared by every call, as a model's layers share it
                 # (and as FlashMLA's benchmark plans its metadata once): the scheduler is not timed
                 # per call unless --schedule-per-call.
                 def plan():
                     return jax_mla.decode_schedule(seq_lens, num_heads=cfg.heads, seq_q=cfg.seq_q,
-                                                   num_parts=num_parts or None)
+                                                   num_parts=num_parts or None, **mode_kw(bi))
                 shared = None if args.schedule_per_call else plan()
                 acc = jnp.zeros((), jnp.float32)
                 for i in range(calls):
                     # Per call: the op plans it itself (default policy) or from num_parts.
                     s_i = shared if not args.schedule_per_call else (plan() if num_parts else None)
-                    out = op(q, cache, tables[i], seq_lens, s_i)
+                    out = op(q, cache, tables[i], seq_lens, s_i, bi)
                     acc = acc + out[0, 0, 0, i % 512].astype(jnp.float32)
                 return acc
             return jax.jit(step)
 
-        op = lambda q, c, t, s, sched=None: jax_mla.mla_decode(q, c, t, s, causal=cfg.causal,  # noqa: E731
-                                                               schedule=sched, kernel=args.kernel)
+        op = lambda q, c, t, s, sched=None, bi=False: jax_mla.mla_decode(  # noqa: E731
+            q, c, t, s, causal=cfg.causal, schedule=sched, kernel=args.kernel, **mode_kw(bi))
         # Sanity: one call against the reference (a benchmark of a wrong kernel is worthless).
-        out = jax.jit(op)(q, cache, tables[0], seq_lens)
         ref, _ = reference.mla_decode_reference(q, cache, tables[0], seq_lens, causal=cfg.causal,
                                                 out_dtype=jnp.float32)
-        err = float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
+        err = 0.0
+        for bi in modes:
+            out = jax.jit(lambda *a, bi=bi: op(*a, None, bi))(q, cache, tables[0], seq_lens)
+            err = max(err, float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref)))
         impl = "jax_mla" if args.kernel == "auto" else f"jax_mla[{args.kernel}]"
         before = _decode_stats(jax_mla, backend)
-        if len(part_counts) == 1:
-            times = [time_step(make_step(op, part_counts[0]), (q, cache, tables, seq_lens), args.repeats, calls)]
+        if len(variants) == 1:
+            times = [time_step(make_step(op, *variants[0]), (q, cache, tables, seq_lens), args.repeats, calls)]
         else:
-            # One jitted step per part count (each records its own CUDA graph), timed in turn.
-            steps = [make_step(op, n) for n in part_counts]
+            # One jitted step per variant (each records its own CUDA graph), timed in turn.
+            steps = [make_step(op, n, bi) for n, bi in variants]
             times = time_steps_interleaved(steps, (q, cache, tables, seq_lens), args.repeats, calls)
         after = _decode_stats(jax_mla, backend)
-        for num_parts, us in zip(part_counts, times):
+        for (num_parts, bi), us in zip(variants, times):
             # Decode calls of this config that ran the handler (all variants together), and how many of
             # those were traced into a CUDA graph (replays of a recorded graph do not run the handler).
-            tag = (f"/p{num_parts}" if num_parts else "") + ("/l2res" if args.l2_resident else "")
+            tag = ((f"/p{num_parts}" if num_parts else "") + ("/bi" if bi else "")
+                   + ("/l2res" if args.l2_resident else ""))
             row = dict(name=cfg.name, impl=impl + tag, kernel=args.kernel, num_parts=num_parts, us=us, rel_err=err,
-                       calls=calls, sets=num_sets, l2_resident=args.l2_resident, interleaved=len(part_counts) > 1)
+                       calls=calls, sets=num_sets, l2_resident=args.l2_resident, interleaved=len(variants) > 1,
+                       batch_invariant=bi, invariant_chunk=args.invariant_chunk if bi else None)
             if before is not None:
                 row.update(handler_calls=after[0] - before[0], traced_calls=after[1] - before[1])
             finish_row(cfg, row)

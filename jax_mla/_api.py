@@ -38,7 +38,8 @@ def _as_array(x: Any) -> Any:
 
 
 def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal=False,
-               return_lse=False, schedule=None, kernel="auto"):
+               return_lse=False, schedule=None, kernel="auto", batch_invariant=False,
+               invariant_chunk=None):
     """Multi-head latent attention decode over a paged latent KV cache.
 
     Args:
@@ -63,6 +64,16 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal
         on any other GPU of compute capability >= 8.0. Asking for a kernel the GPU (or the build)
         cannot run fails the call with an error naming both. Validated, then ignored, on the CPU.
         kernel_info() says what "auto" picks on a device.
+      batch_invariant: static bool. True: a request's out and lse are bit-identical whatever else
+        is in the batch (its size, the other requests, its position), on the same kernel and
+        static arguments: each request is cut into fixed chunks of invariant_chunk tokens (at
+        most num_parts of them; a longer request gets num_parts equal longer chunks), each chunk
+        computed on its own and the chunks merged in a fixed order. It costs speed where the
+        default plan would have cut requests differently (README, "Batch-invariant decode") and,
+        on the GPU, a workspace of up to b * num_parts partial results. A passed schedule must
+        come from decode_schedule(..., batch_invariant=True) with the same invariant_chunk.
+      invariant_chunk: static int, tokens per chunk with batch_invariant=True: a multiple of 64,
+        default 1024. Requests keep their bits only between calls with the same chunk.
 
     Returns:
       out (b, s_q, h_q, 512) in q's dtype, and with return_lse also lse (b, s_q, h_q) float32
@@ -92,10 +103,11 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal
     causal = _validate.check_bool("causal", causal)
     return_lse = _validate.check_bool("return_lse", return_lse)
     kernel = _validate.check_kernel(kernel)
+    chunk_blocks = _validate.check_batch_invariant(batch_invariant, invariant_chunk)
     given_parts = None
     if schedule is not None:
         schedule = _as_array(schedule)
-        given_parts = _validate.schedule_num_parts(schedule, dims.batch)
+        given_parts = _validate.schedule_num_parts(schedule, dims.batch, invariant=chunk_blocks > 0)
     _validate.check_concrete_seq_lens(seq_lens, block_table, dims)
 
     def call(q, kv_cache, block_table, seq_lens, schedule):
@@ -109,7 +121,7 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal
             num_parts = given_parts
         return mla_decode_p.bind(q, kv_cache, block_table, seq_lens, schedule,
                                  softmax_scale=scale, causal=causal, num_parts=num_parts,
-                                 kernel=kernel)
+                                 kernel=kernel, chunk_blocks=chunk_blocks)
 
     plan = _sharding.plan(q, kv_cache, block_table, seq_lens)
     args = [jnp.asarray(x) for x in (q, kv_cache, block_table, seq_lens)]
@@ -123,7 +135,8 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal
     return (out, lse) if return_lse else out
 
 
-def decode_schedule(seq_lens, *, num_heads, seq_q=1, num_parts=None):
+def decode_schedule(seq_lens, *, num_heads, seq_q=1, num_parts=None, batch_invariant=False,
+                    invariant_chunk=None):
     """Split-KV schedule for one decode step, to pass as mla_decode(..., schedule=...).
 
     All layers of a step share seq_lens, so computing the plan once and passing it to every
@@ -140,8 +153,11 @@ def decode_schedule(seq_lens, *, num_heads, seq_q=1, num_parts=None):
       num_heads: h_q of the mla_decode calls that will use it.
       seq_q: s_q of those calls.
       num_parts: static number of parts; default max(1, num_sms // ceil(seq_q * num_heads / 64)).
+      batch_invariant, invariant_chunk: as mla_decode's, which must get the same values: the
+        batch-invariant plan (whole chunks per part), whose array is 4 elements longer.
     """
     seq_lens = _as_array(seq_lens)
+    chunk_blocks = _validate.check_batch_invariant(batch_invariant, invariant_chunk, "decode_schedule")
     b = _validate.check_seq_lens_only(seq_lens)
     _validate.check_concrete_seq_lens_nonnegative(seq_lens)
     num_heads = _validate.check_int_in_range("num_heads", num_heads, 1, _validate.MAX_HEADS_Q,
@@ -150,7 +166,7 @@ def decode_schedule(seq_lens, *, num_heads, seq_q=1, num_parts=None):
     if num_parts is None:
         num_parts = default_num_parts(seq_q, num_heads)
     num_parts = _validate.check_num_parts(num_parts, b)
-    return mla_decode_schedule_p.bind(jnp.asarray(seq_lens), num_parts=num_parts)
+    return mla_decode_schedule_p.bind(jnp.asarray(seq_lens), num_parts=num_parts, chunk_blocks=chunk_blocks)
 
 
 def kernel_info(device=None) -> dict:

@@ -4,8 +4,9 @@ Targets and their buffer order are the contract of docs/design.md ("FFI targets"
 
   jax_mla_decode(q, kv_cache, block_table, seq_lens, schedule)
       -> out, lse [, workspace u8 on CUDA]; attrs softmax_scale f32, causal bool, num_parts i32,
-         kernel i32 (_validate.KERNELS; the CPU handler checks it and ignores it)
-  jax_mla_decode_schedule(seq_lens) -> schedule; attrs num_parts i32
+         kernel i32 (_validate.KERNELS; the CPU handler checks it and ignores it), chunk_blocks i32
+         (0, or the batch-invariant plan's chunk in 64-token blocks)
+  jax_mla_decode_schedule(seq_lens) -> schedule; attrs num_parts i32, chunk_blocks i32
 
 The handlers come from the extension module (`ext.registrations()`), registered once at import.
 Lowering only emits a custom call by name, so the CUDA lowering is available on every machine
@@ -51,34 +52,50 @@ _decode_ffi = jax.ffi.ffi_lowering(DECODE_TARGET)
 _schedule_ffi = jax.ffi.ffi_lowering(SCHEDULE_TARGET)
 
 
-def _decode_attrs(softmax_scale, causal, num_parts, kernel):
+def _decode_attrs(softmax_scale, causal, num_parts, kernel, chunk_blocks):
     # Python floats become f64 attributes: the handlers decode Attr<float>, so pass float32.
     return dict(softmax_scale=np.float32(softmax_scale), causal=bool(causal),
-                num_parts=np.int32(num_parts), kernel=np.int32(_validate.KERNELS[kernel]))
+                num_parts=np.int32(num_parts), kernel=np.int32(_validate.KERNELS[kernel]),
+                chunk_blocks=np.int32(chunk_blocks))
 
 
 def _decode_lowering_cpu(ctx, q, kv_cache, block_table, seq_lens, schedule, *, softmax_scale,
-                         causal, num_parts, kernel):
+                         causal, num_parts, kernel, chunk_blocks=0):
     return _decode_ffi(ctx, q, kv_cache, block_table, seq_lens, schedule,
-                       **_decode_attrs(softmax_scale, causal, num_parts, kernel))
+                       **_decode_attrs(softmax_scale, causal, num_parts, kernel, chunk_blocks))
+
+
+def workspace_bytes(b, rows, num_parts, chunk_blocks, max_pages, page_size, schedule_given):
+    """Bytes of the CUDA workspace of one jax_mla_decode call: the handler computes the same."""
+    max_chunks = 0
+    if chunk_blocks:
+        # The batch-invariant plan's partial slots: S per request (scheduler.h invariant_max_chunks),
+        # bounded by the block table's capacity only when the op plans itself.
+        capacity = -1 if schedule_given else max_pages * page_size
+        max_chunks = int(ext.invariant_max_chunks(num_parts, chunk_blocks, capacity))
+    return int(ext.workspace_bytes(b, rows, num_parts, max_chunks))
 
 
 def _decode_lowering_cuda(ctx, q, kv_cache, block_table, seq_lens, schedule, *, softmax_scale,
-                          causal, num_parts, kernel):
+                          causal, num_parts, kernel, chunk_blocks=0):
     # The CUDA handler receives its scratch memory (schedule, partial O and LSE) as an extra
     # result, so that it allocates nothing at run time (CUDA-graph safe). The primitive does not
     # expose it: lower with one more result and drop it.
     b, s_q, h_q, _ = ctx.avals_in[0].shape
-    _validate.check_gpu_page_size(ctx.avals_in[1].shape[1])
-    workspace = jax.core.ShapedArray((int(ext.workspace_bytes(b, s_q * h_q, num_parts)),), np.uint8)
+    num_pages, page_size = ctx.avals_in[1].shape[:2]
+    max_pages = ctx.avals_in[2].shape[1]
+    _validate.check_gpu_page_size(page_size)
+    nbytes = workspace_bytes(b, s_q * h_q, num_parts, chunk_blocks, max_pages, page_size,
+                             schedule_given=ctx.avals_in[4].shape[0] != 0)
+    workspace = jax.core.ShapedArray((nbytes,), np.uint8)
     ctx_ws = ctx.replace(avals_out=[*ctx.avals_out, workspace])
     results = _decode_ffi(ctx_ws, q, kv_cache, block_table, seq_lens, schedule,
-                          **_decode_attrs(softmax_scale, causal, num_parts, kernel))
+                          **_decode_attrs(softmax_scale, causal, num_parts, kernel, chunk_blocks))
     return list(results)[:2]
 
 
-def _schedule_lowering(ctx, seq_lens, *, num_parts):
-    return _schedule_ffi(ctx, seq_lens, num_parts=np.int32(num_parts))
+def _schedule_lowering(ctx, seq_lens, *, num_parts, chunk_blocks=0):
+    return _schedule_ffi(ctx, seq_lens, num_parts=np.int32(num_parts), chunk_blocks=np.int32(chunk_blocks))
 
 
 def _auto_partitioned_decode(direct):

@@ -1,14 +1,17 @@
 """The two JAX primitives of jax_mla and their platform-independent rules.
 
-mla_decode_p(q, kv_cache, block_table, seq_lens, schedule; softmax_scale, causal, num_parts, kernel)
-    -> (out, lse)
+mla_decode_p(q, kv_cache, block_table, seq_lens, schedule; softmax_scale, causal, num_parts, kernel,
+             chunk_blocks) -> (out, lse)
   q (b, s_q, h_q, 576) bf16|f16, kv_cache (P, page, 576) same dtype, block_table (b, M) int32,
   seq_lens (b,) int32, schedule int32 of shape (0,) [computed in the op] or
-  (schedule_size(b, num_parts),) [from mla_decode_schedule_p]. Params are static Python values;
-  kernel is "auto", "sm90", "sm100" or "portable" (which CUDA kernel; the CPU lowering ignores it).
+  (schedule_size(b, num_parts, chunk_blocks > 0),) [from mla_decode_schedule_p]. Params are static
+  Python values; kernel is "auto", "sm90", "sm100" or "portable" (which CUDA kernel; the CPU
+  lowering ignores it); chunk_blocks is 0 (the default split-KV plans) or the batch-invariant plan's
+  chunk in 64-token blocks (optional, default 0).
   out (b, s_q, h_q, 512) q's dtype, lse (b, s_q, h_q) float32.
 
-mla_decode_schedule_p(seq_lens; num_parts) -> schedule (schedule_size(b, num_parts),) int32.
+mla_decode_schedule_p(seq_lens; num_parts, chunk_blocks) -> schedule
+  (schedule_size(b, num_parts, chunk_blocks > 0),) int32.
 
 kv_cache_update_p(kv_cache, new_latent, block_table, positions) -> kv_cache updated
   update_kv_cache's write (_paged_write.write, plain jax). It is a primitive only so that its
@@ -43,7 +46,7 @@ kv_cache_update_p = Primitive("kv_cache_update")
 
 
 def _decode_abstract_eval(q, kv_cache, block_table, seq_lens, schedule, *, softmax_scale, causal,
-                          num_parts, kernel):
+                          num_parts, kernel, chunk_blocks=0):
     dims = _validate.check_decode_operands(q, kv_cache, block_table, seq_lens)
     if len(kv_cache.shape) != 3:
         raise ValueError(
@@ -53,16 +56,19 @@ def _decode_abstract_eval(q, kv_cache, block_table, seq_lens, schedule, *, softm
     _validate.check_bool("causal", causal)
     _validate.check_kernel(kernel)
     _validate.check_num_parts(num_parts, dims.batch, where="mla_decode")
-    _validate.check_schedule_operand(schedule, dims.batch, num_parts, where="mla_decode")
+    _validate.check_chunk_blocks(chunk_blocks, where="mla_decode")
+    _validate.check_schedule_operand(schedule, dims.batch, num_parts, where="mla_decode",
+                                     chunk_blocks=chunk_blocks)
     b, s_q, h_q = dims.batch, dims.seq_q, dims.heads_q
     return (jax.core.ShapedArray((b, s_q, h_q, _validate.HEAD_DIM_V), q.dtype),
             jax.core.ShapedArray((b, s_q, h_q), np.float32))
 
 
-def _schedule_abstract_eval(seq_lens, *, num_parts):
+def _schedule_abstract_eval(seq_lens, *, num_parts, chunk_blocks=0):
     b = _validate.check_seq_lens_only(seq_lens)
     _validate.check_num_parts(num_parts, b)
-    return jax.core.ShapedArray((_validate.schedule_size(b, num_parts),), np.int32)
+    chunk_blocks = _validate.check_chunk_blocks(chunk_blocks, where="decode_schedule")
+    return jax.core.ShapedArray((_validate.schedule_size(b, num_parts, chunk_blocks > 0),), np.int32)
 
 
 def _cache_update_abstract_eval(kv_cache, new_latent, block_table, positions):
@@ -94,7 +100,7 @@ def _to_front(x, bdim, size):
     return jnp.moveaxis(x, bdim, 0)
 
 
-def _decode_batch(args, bdims, *, softmax_scale, causal, num_parts, kernel):
+def _decode_batch(args, bdims, *, softmax_scale, causal, num_parts, kernel, chunk_blocks=0):
     q, kv_cache, block_table, seq_lens, _schedule = args
     q_d, kv_d, bt_d, sl_d, _ = bdims
     size = next(x.shape[d] for x, d in zip(args, bdims) if d is not None)
@@ -124,21 +130,23 @@ def _decode_batch(args, bdims, *, softmax_scale, causal, num_parts, kernel):
     block_table = block_table.reshape((v * b, block_table.shape[-1]))
     seq_lens = seq_lens.reshape((v * b,))
     # A schedule describes one batch of b requests; the folded batch needs its own, so a passed
-    # schedule is dropped and the op computes one (same num_parts).
+    # schedule is dropped and the op computes one (same num_parts and plan kind: a batch-invariant
+    # call stays one, and its requests keep their bits in the folded batch).
     schedule = jnp.zeros((0,), jnp.int32)
     out, lse = mla_decode_p.bind(q, kv_cache, block_table, seq_lens, schedule,
                                  softmax_scale=softmax_scale, causal=causal, num_parts=num_parts,
-                                 kernel=kernel)
+                                 kernel=kernel, chunk_blocks=chunk_blocks)
     out = out.reshape((v, b) + out.shape[1:])
     lse = lse.reshape((v, b) + lse.shape[1:])
     return (out, lse), (0, 0)
 
 
-def _schedule_batch(args, bdims, *, num_parts):
+def _schedule_batch(args, bdims, *, num_parts, chunk_blocks=0):
     (seq_lens,), (bdim,) = args, bdims
     seq_lens = jnp.moveaxis(seq_lens, bdim, 0)  # (V, b)
     # Schedules of different instances are independent plans: compute them one after the other.
-    out = jax.lax.map(lambda s: mla_decode_schedule_p.bind(s, num_parts=num_parts), seq_lens)
+    out = jax.lax.map(
+        lambda s: mla_decode_schedule_p.bind(s, num_parts=num_parts, chunk_blocks=chunk_blocks), seq_lens)
     return out, 0
 
 

@@ -33,6 +33,10 @@ MAX_GPU_PAGE_SIZE = LIMITS["MAX_GPU_PAGE_SIZE"]  # in [MIN_GPU_PAGE_SIZE, MAX_GP
 PART_FIELDS = LIMITS["PART_FIELDS"]  # int32 fields per part in the schedule (cuda/common/scheduler.h)
 COMBINE_HEADER = LIMITS["COMBINE_HEADER"]  # int32 header of the schedule's combine list
 MANY_SPLITS = LIMITS["MANY_SPLITS"]  # requests with more splits are listed first in the combine list
+INVARIANT_FIELDS = LIMITS["INVARIANT_FIELDS"]  # trailer of a batch-invariant schedule
+BLOCK_N = LIMITS["BLOCK_N"]  # KV tokens per scheduling block
+DEFAULT_INVARIANT_CHUNK = LIMITS["DEFAULT_INVARIANT_CHUNK"]  # batch_invariant's chunk (tokens)
+MAX_INVARIANT_CHUNK = LIMITS["MAX_INVARIANT_CHUNK"]
 _INT32_MAX = LIMITS["INT32_MAX"]
 # KERNELS: values of jax_mla_decode's int32 attribute "kernel" (cuda/runtime/kernel_select.h).
 _KERNEL_CHOICES = ", ".join(repr(k) for k in KERNELS)
@@ -50,10 +54,13 @@ class DecodeDims(NamedTuple):
     max_pages: int
 
 
-def schedule_size(batch: int, num_parts: int) -> int:
+def schedule_size(batch: int, num_parts: int, invariant: bool = False) -> int:
     """Elements of a schedule for `batch` requests and `num_parts` parts (scheduler.h): the parts,
-    split_offsets (b + 1), then the combine list (a 2-element header and b entries)."""
-    return num_parts * PART_FIELDS + (batch + 1) + COMBINE_HEADER + batch
+    split_offsets (b + 1), then the combine list (a 2-element header and b entries); a
+    batch-invariant plan's has INVARIANT_FIELDS more, so that no num_parts gives the other kind's
+    length."""
+    extra = INVARIANT_FIELDS if invariant else 0
+    return num_parts * PART_FIELDS + (batch + 1) + COMBINE_HEADER + batch + extra
 
 
 def _shape(x: Any) -> tuple[int, ...]:
@@ -259,6 +266,38 @@ def check_kernel(kernel: Any, where: str = "mla_decode") -> str:
     return kernel
 
 
+def check_batch_invariant(batch_invariant: Any, invariant_chunk: Any, where: str = "mla_decode") -> int:
+    """The static batch_invariant / invariant_chunk arguments; returns the primitives' chunk_blocks:
+    0 for the default split-KV plans, else the chunk in BLOCK_N-token blocks."""
+    if not isinstance(batch_invariant, (bool, np.bool_)):
+        raise TypeError(f"{where}: batch_invariant must be a Python bool, got {type(batch_invariant).__name__}")
+    if invariant_chunk is None:
+        return DEFAULT_INVARIANT_CHUNK // BLOCK_N if batch_invariant else 0
+    if not batch_invariant:
+        raise ValueError(f"{where}: invariant_chunk is the chunk of the batch_invariant plan; it needs "
+                         f"batch_invariant=True, got invariant_chunk={invariant_chunk!r} with "
+                         f"batch_invariant=False")
+    if isinstance(invariant_chunk, (bool, np.bool_)) or not isinstance(invariant_chunk, numbers.Integral):
+        raise TypeError(f"{where}: invariant_chunk (batch_invariant's chunk, in tokens) must be a Python "
+                        f"int, got {type(invariant_chunk).__name__}")
+    c = int(invariant_chunk)
+    if c < BLOCK_N or c > MAX_INVARIANT_CHUNK or c % BLOCK_N:
+        raise ValueError(f"{where}: invariant_chunk (batch_invariant's chunk, in tokens) must be a multiple "
+                         f"of {BLOCK_N} in [{BLOCK_N}, {MAX_INVARIANT_CHUNK}], got {c}")
+    return c // BLOCK_N
+
+
+def check_chunk_blocks(chunk_blocks: Any, where: str = "mla_decode") -> int:
+    """The primitives' static chunk_blocks: 0, or batch_invariant's chunk in BLOCK_N-token blocks."""
+    if isinstance(chunk_blocks, (bool, np.bool_)) or not isinstance(chunk_blocks, numbers.Integral):
+        raise TypeError(f"{where}: chunk_blocks (batch_invariant's chunk) must be a Python int, "
+                        f"got {type(chunk_blocks).__name__}")
+    if not 0 <= int(chunk_blocks) <= MAX_INVARIANT_CHUNK // BLOCK_N:
+        raise ValueError(f"{where}: chunk_blocks (batch_invariant's chunk in {BLOCK_N}-token blocks) must be "
+                         f"in [0, {MAX_INVARIANT_CHUNK // BLOCK_N}], got {int(chunk_blocks)}")
+    return int(chunk_blocks)
+
+
 def check_num_parts(num_parts: Any, batch: int, where: str = "decode_schedule") -> int:
     if isinstance(num_parts, (bool, np.bool_)) or not isinstance(num_parts, numbers.Integral):
         raise TypeError(f"{where}: num_parts must be a Python int, got {type(num_parts).__name__}")
@@ -299,30 +338,52 @@ def check_concrete_seq_lens_nonnegative(seq_lens: Any, where: str = "decode_sche
             raise ValueError(f"{where}: seq_lens must be >= 0, got seq_lens[{r}] = {int(lens[r])}")
 
 
-def schedule_num_parts(schedule: Any, batch: int, where: str = "mla_decode") -> int:
-    """num_parts encoded by the length of a schedule array from decode_schedule."""
+def _parts_of_length(n: int, batch: int, invariant: bool) -> int:
+    """num_parts of a schedule of n elements, or 0 when no num_parts >= 1 gives that length."""
+    parts, rem = divmod(n - schedule_size(batch, 0, invariant), PART_FIELDS)
+    return parts if rem == 0 and parts >= 1 else 0
+
+
+def _schedule_shape_text(invariant: bool) -> str:
+    extra = COMBINE_HEADER + 1 + (INVARIANT_FIELDS if invariant else 0)
+    return f"(num_parts * {PART_FIELDS} + 2 * b + {extra},)"
+
+
+def schedule_num_parts(schedule: Any, batch: int, invariant: bool = False, where: str = "mla_decode") -> int:
+    """num_parts encoded by the length of a schedule array from decode_schedule; invariant: the
+    call's batch_invariant, which the schedule must have been made with (its length tells)."""
     shape = _shape(schedule)
     n = shape[0] if len(shape) == 1 else -1
-    parts, rem = divmod(n - schedule_size(batch, 0), PART_FIELDS)
-    if len(shape) != 1 or rem != 0 or parts < 1:
+    parts = _parts_of_length(n, batch, invariant) if len(shape) == 1 else 0
+    if not parts:
+        if len(shape) == 1 and _parts_of_length(n, batch, not invariant):
+            raise ValueError(
+                f"{where}: schedule was made by decode_schedule with batch_invariant="
+                f"{not invariant} but this call has batch_invariant={invariant}; pass the same "
+                f"batch_invariant (and invariant_chunk) to both (schedule shape {shape}, b = {batch})")
         raise ValueError(
-            f"{where}: schedule must have shape (num_parts * {PART_FIELDS} + 2 * b + {COMBINE_HEADER + 1},) "
+            f"{where}: schedule must have shape {_schedule_shape_text(invariant)} "
             f"with b = {batch} "
-            f"and num_parts >= 1 (as returned by decode_schedule for the same seq_lens), "
+            f"and num_parts >= 1 (as returned by decode_schedule for the same seq_lens"
+            f"{' with batch_invariant=True' if invariant else ''}), "
             f"got shape {shape}")
     _check_int32(schedule, "schedule", where, hint=False)
     return parts
 
 
-def check_schedule_operand(schedule: Any, batch: int, num_parts: int, where: str) -> None:
-    """The primitive's schedule operand: int32 (0,) [computed in-op] or (schedule_size,)."""
+def check_schedule_operand(schedule: Any, batch: int, num_parts: int, where: str,
+                           chunk_blocks: int = 0) -> None:
+    """The primitive's schedule operand: int32 (0,) [computed in-op] or (schedule_size,) of the
+    plan kind chunk_blocks says (0: default, else batch-invariant)."""
     shape = _shape(schedule)
-    expected = schedule_size(batch, num_parts)
+    invariant = chunk_blocks > 0
+    expected = schedule_size(batch, num_parts, invariant)
     if shape not in ((0,), (expected,)):
         raise ValueError(
             f"{where}: schedule must have shape (0,) or "
-            f"(num_parts * {PART_FIELDS} + 2 * b + {COMBINE_HEADER + 1},) = "
-            f"({expected},) for num_parts = {num_parts}, b = {batch}, got shape {shape}")
+            f"{_schedule_shape_text(invariant)} = "
+            f"({expected},) for num_parts = {num_parts}, b = {batch}, batch_invariant = {invariant}, "
+            f"got shape {shape}")
     _check_int32(schedule, "schedule", where, hint=False)
 
 

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "problem.h"
+#include "scheduler.h"
 
 namespace jax_mla {
 
@@ -36,10 +37,11 @@ inline constexpr int kMaxScheduleBatch = 16384;
 // One-time per-device setup (opt-in shared memory); call outside the execute path.
 cudaError_t setup_schedule_kernel();
 
-// schedule: (schedule_size(batch, num_parts)) int32, written on the device; zeroed: (num_zeroed)
-// int32 set to 0 by the same kernel (the SM90 fused merge's counters), or nullptr.
+// schedule: (schedule_size(batch, num_parts, chunks.invariant())) int32, written on the device;
+// zeroed: (num_zeroed) int32 set to 0 by the same kernel (the SM90 fused merge's counters), or
+// nullptr; chunks: the batch-invariant plan's parameters, {0, 0} for the default plans.
 cudaError_t launch_schedule(const int32_t* seq_lens, int batch, int num_parts, int32_t* schedule, cudaStream_t stream,
-                            int32_t* zeroed = nullptr, int num_zeroed = 0);
+                            int32_t* zeroed = nullptr, int num_zeroed = 0, ChunkSpec chunks = {0, 0});
 
 // Merges the partials of requests split over several parts into p.out / p.lse, and writes the
 // empty-request results (out 0, lse -inf), for the requests p.schedule's combine list names.

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "config.h"
+#include "scheduler.h"
 
 namespace jax_mla {
 
@@ -28,6 +29,9 @@ struct DecodeProblem {
 
   float softmax_scale;  // multiplies q . k
   bool causal;          // query token t sees positions < seq_len - s_q + t + 1
+  // The batch-invariant plan's parameters ({0, 0}: the default plans). The kernels walk whatever
+  // plan the schedule holds; the launch reads this to plan in the op and size the workspace.
+  ChunkSpec chunks;
 
   // Inputs (device or host pointers, per platform).
   const void* q;                // (b, s_q, h_q, 576)       row-major
@@ -41,8 +45,8 @@ struct DecodeProblem {
   float* lse;  // (b, s_q, h_q), natural log; -inf for rows with no visible key
 
   // Split-KV scratch (see scheduler.h): slot s, row r.
-  float* partial_lse;  // (max_splits(b, num_parts), rows)
-  float* partial_out;  // (max_splits(b, num_parts), rows, 512)
+  float* partial_lse;  // (max_splits(b, num_parts, chunks.max_chunks), rows)
+  float* partial_out;  // (max_splits(b, num_parts, chunks.max_chunks), rows, 512)
 };
 
 // Number of keys query token t of a request with `seq_len` cached tokens may see.

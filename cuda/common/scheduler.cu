@@ -50,9 +50,9 @@ static_assert(LargeSchedule::kMaxBatch >= kMaxScheduleBatch);
 static_assert(kMaxScheduleBatch < (1 << 16));
 constexpr int kManyShift = 32;
 constexpr int kFewShift = 48;
-__device__ __forceinline__ uint64_t pack_counts(int num_splits) {
-  const uint64_t many = num_splits > kManySplits ? 1 : 0;
-  const uint64_t few = num_splits != 1 && num_splits <= kManySplits ? 1 : 0;
+__device__ __forceinline__ uint64_t pack_counts(int num_splits, bool invariant) {
+  const uint64_t many = many_split_class(num_splits, invariant) ? 1 : 0;
+  const uint64_t few = num_splits != 1 && many == 0 ? 1 : 0;
   return static_cast<uint64_t>(num_splits) | (many << kManyShift) | (few << kFewShift);
 }
 __device__ __forceinline__ int splits_of(uint64_t c) { return static_cast<int>(c & 0xffffffffu); }
@@ -140,10 +140,13 @@ __device__ int64_t reduce_sum(int64_t local, int64_t (*warp_sums)[Shape::kScanWa
   }
 }
 
-template <class Shape>
+// kInvariant: the batch-invariant plan (chunks, whose parameters come in `chunks`). A template
+// parameter rather than a branch on `chunks`, so that the default plans' instantiation is the code
+// it was, with the same registers (the largest shape has no spare ones at 1024 threads).
+template <class Shape, bool kInvariant>
 __global__ void __launch_bounds__(Shape::kThreads)
     schedule_kernel(const int32_t* __restrict__ seq_lens, int batch, int num_parts, int32_t* __restrict__ schedule,
-                    int32_t* __restrict__ zeroed, int num_zeroed) {
+                    int32_t* __restrict__ zeroed, int num_zeroed, ChunkSpec chunks) {
   extern __shared__ int64_t smem[];
   int64_t* C = smem;                                                   // (batch + 1) cost prefix
   int32_t* split_offsets = reinterpret_cast<int32_t*>(C + batch + 1);  // (batch + 1)
@@ -171,9 +174,17 @@ __global__ void __launch_bounds__(Shape::kThreads)
   // thread scans (the shapes have no idle threads then) and the scans' barriers are uniform.
   if (Shape::kScanWarps > 1 || scans) {
     // All of this thread's seq_lens loads are issued before the first is used.
-    int cost[kChunk];  // (kChunk) request_cost of requests lo .. lo + count - 1 (fits int32)
+    // (kChunk) plan_request_cost of requests lo .. lo + count - 1 (fits int32)
+    constexpr bool invariant = kInvariant;
+    int cost[kChunk];
 #pragma unroll
-    for (int k = 0; k < kChunk; ++k) cost[k] = k < count ? request_cost(seq_lens[lo + k]) : 0;
+    for (int k = 0; k < kChunk; ++k) {
+      if constexpr (invariant) {
+        cost[k] = k < count ? chunked_request_cost(seq_lens[lo + k], chunks) : 0;
+      } else {
+        cost[k] = k < count ? request_cost(seq_lens[lo + k]) : 0;
+      }
+    }
     int64_t local_cost = 0;
     CostSummary local_summary{INT32_MAX, 0, 0};  // this thread's non-empty requests
 #pragma unroll
@@ -185,12 +196,15 @@ __global__ void __launch_bounds__(Shape::kThreads)
     int64_t c = scan_exclusive<Shape>(local_cost, cost_totals, &total_cost);
     const CostSummary summary = reduce_cost_summary<Shape>(local_summary, cost_summaries);
     int round = 0;
-    const PartPlan plan = choose_part_plan(total_cost, num_parts, summary, [&](int piece_blocks) {
-      int64_t n = 0;
+    PartPlan plan{1, 0};  // the batch-invariant plan has no choice to make
+    if constexpr (!invariant) {
+      plan = choose_part_plan(total_cost, num_parts, summary, [&](int piece_blocks) {
+        int64_t n = 0;
 #pragma unroll
-      for (int k = 0; k < kChunk; ++k) n += cost[k] > 0 ? pieces_of(cost[k] - kFixedOverheadBlocks, piece_blocks) : 0;
-      return reduce_sum<Shape>(n, piece_counts, &round);
-    });
+        for (int k = 0; k < kChunk; ++k) n += cost[k] > 0 ? pieces_of(cost[k] - kFixedOverheadBlocks, piece_blocks) : 0;
+        return reduce_sum<Shape>(n, piece_counts, &round);
+      });
+    }
 
     // C of the chunk (for the parts' binary searches), and each request's split count from the two
     // prefix values this thread already holds.
@@ -201,9 +215,14 @@ __global__ void __launch_bounds__(Shape::kThreads)
       splits[k] = 1;
       if (k < count) {
         C[lo + k] = c;
-        splits[k] = num_splits_planned(plan, c, c + cost[k]);
+        // The invariant plan's chunk count (an L1 hit: the seq_len was loaded above).
+        if constexpr (invariant) {
+          splits[k] = num_chunks(num_kv_blocks(seq_lens[lo + k]), chunks);
+        } else {
+          splits[k] = num_splits_planned(plan, c, c + cost[k]);
+        }
         c += cost[k];
-        local_counts += pack_counts(splits[k]);
+        local_counts += pack_counts(splits[k], invariant);
       }
     }
     uint64_t total_counts = 0;
@@ -217,9 +236,10 @@ __global__ void __launch_bounds__(Shape::kThreads)
     for (int k = 0; k < kChunk; ++k) {
       if (k < count) {
         split_offsets[lo + k] = splits_of(counts);
-        const int pos = combine_position(splits[k], many_of(counts), few_of(counts), num_many);
+        const int pos = combine_position(splits[k], many_split_class(splits[k], invariant), many_of(counts),
+                                         few_of(counts), num_many);
         if (pos >= 0) list[pos] = lo + k;
-        counts += pack_counts(splits[k]);
+        counts += pack_counts(splits[k], invariant);
       }
     }
     if (threadIdx.x == 0) {
@@ -229,6 +249,12 @@ __global__ void __launch_bounds__(Shape::kThreads)
       num_listed_shared = num_many + few_of(total_counts);
       combine[kCombineCount] = num_many + few_of(total_counts);
       combine[kCombineManyCount] = num_many;
+      if constexpr (invariant) {
+        int32_t* trailer = schedule + invariant_begin(batch, num_parts);  // (kInvariantFields)
+        for (int f = 0; f < kInvariantFields; ++f) trailer[f] = 0;
+        trailer[kInvChunkBlocks] = chunks.chunk_blocks;
+        trailer[kInvMaxChunks] = chunks.max_chunks;
+      }
     }
   }
   __syncthreads();  // C, split_offsets and the totals are complete
@@ -236,7 +262,11 @@ __global__ void __launch_bounds__(Shape::kThreads)
   const PartPlan plan = plan_shared;
   for (int part = threadIdx.x; part < num_parts; part += Shape::kThreads) {
     int32_t info[kPartFields];
-    plan_part(C, split_offsets, batch, plan, part, info);
+    if constexpr (kInvariant) {
+      plan_part_chunked(C, split_offsets, seq_lens, batch, num_parts, chunks, part, info);
+    } else {
+      plan_part(C, split_offsets, batch, plan, part, info);
+    }
     int32_t* dst = schedule + static_cast<int64_t>(part) * kPartFields;
 #pragma unroll
     for (int f = 0; f < kPartFields; ++f) dst[f] = info[f];
@@ -251,33 +281,42 @@ __global__ void __launch_bounds__(Shape::kThreads)
 
 template <class Shape>
 cudaError_t launch_shape(const int32_t* seq_lens, int batch, int num_parts, int32_t* schedule, int32_t* zeroed,
-                         int num_zeroed, cudaStream_t stream) {
+                         int num_zeroed, ChunkSpec chunks, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(1);
   cfg.blockDim = dim3(Shape::kThreads);
   cfg.dynamicSmemBytes = scheduler_smem_bytes(batch);
   cfg.stream = stream;
-  return cudaLaunchKernelEx(&cfg, schedule_kernel<Shape>, seq_lens, batch, num_parts, schedule, zeroed, num_zeroed);
+  if (chunks.invariant()) {
+    return cudaLaunchKernelEx(&cfg, schedule_kernel<Shape, true>, seq_lens, batch, num_parts, schedule, zeroed,
+                              num_zeroed, chunks);
+  }
+  return cudaLaunchKernelEx(&cfg, schedule_kernel<Shape, false>, seq_lens, batch, num_parts, schedule, zeroed,
+                            num_zeroed, chunks);
 }
 
 }  // namespace
 
 cudaError_t launch_schedule(const int32_t* seq_lens, int batch, int num_parts, int32_t* schedule, cudaStream_t stream,
-                            int32_t* zeroed, int num_zeroed) {
+                            int32_t* zeroed, int num_zeroed, ChunkSpec chunks) {
   if (batch <= SmallSchedule::kMaxBatch) {
-    return launch_shape<SmallSchedule>(seq_lens, batch, num_parts, schedule, zeroed, num_zeroed, stream);
+    return launch_shape<SmallSchedule>(seq_lens, batch, num_parts, schedule, zeroed, num_zeroed, chunks, stream);
   }
   if (batch <= MediumSchedule::kMaxBatch) {
-    return launch_shape<MediumSchedule>(seq_lens, batch, num_parts, schedule, zeroed, num_zeroed, stream);
+    return launch_shape<MediumSchedule>(seq_lens, batch, num_parts, schedule, zeroed, num_zeroed, chunks, stream);
   }
-  return launch_shape<LargeSchedule>(seq_lens, batch, num_parts, schedule, zeroed, num_zeroed, stream);
+  return launch_shape<LargeSchedule>(seq_lens, batch, num_parts, schedule, zeroed, num_zeroed, chunks, stream);
 }
 
 cudaError_t setup_schedule_kernel() {
   // Only the largest shape needs more than the default 48 KB of dynamic shared memory.
   static_assert(scheduler_smem_bytes(MediumSchedule::kMaxBatch) <= 48 * 1024);
-  return cudaFuncSetAttribute(schedule_kernel<LargeSchedule>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(scheduler_smem_bytes(kMaxScheduleBatch)));
+  for (auto kernel : {schedule_kernel<LargeSchedule, false>, schedule_kernel<LargeSchedule, true>}) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(scheduler_smem_bytes(kMaxScheduleBatch)));
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace jax_mla

@@ -26,12 +26,33 @@
 // Every function below is a closed form over the prefix sums C[r] and split_offsets (no
 // sequential walk), which is what lets the GPU compute it with one thread per part / per request.
 //
+// Batch-invariant plan (mla_decode(..., batch_invariant=True); ChunkSpec below). Both plans above
+// cut a request where the whole batch puts the part boundaries, so its pieces, their merge and
+// hence its bits change with the rest of the batch. This plan cuts request r only where its own
+// length says: into chunks of Cr = max(C, ceil(nb(r) / S)) blocks, chunk j being blocks
+// [j Cr, min((j + 1) Cr, nb)), with C the chunk size (static) and S the most chunks a request may
+// have (num_parts; less for a plan made inside the op when the block table is shorter, which a
+// valid request never notices: see invariant_max_chunks). Every chunk is one piece with its own
+// workspace slot (split_offsets[r] + j) and its own online softmax, however the parts group them,
+// and a request of one chunk writes its output directly, so the work per chunk and the merge input
+// depend on nothing but the request. The parts then take whole chunks: laying the chunks' costs
+// (blocks + kFixedOverheadBlocks each) end to end, part p takes the chunks that start in
+// [p W, (p + 1) W), W = ceil(total / num_parts); that only decides where a chunk runs. The merge
+// list puts every split request in the few-split class, whose arithmetic (a warp's lanes striding
+// over the splits) the SM90 in-kernel merge shares bit for bit, so which merge runs does not
+// matter either. A part may hold several chunks of one request; the work iterator
+// (work_iterator.h) cuts its range at the chunk boundaries.
+//
 // Layout of the schedule array (int32, schedule_size(b, num_parts) elements):
 //   [0, num_parts * kPartFields)            PartInfo of part p at p * kPartFields
 //   [split_offsets_begin, ... + b + 1)      split_offsets: request r's partial results live in
 //                                           workspace slots split_offsets[r] .. split_offsets[r+1]-1;
 //                                           split_offsets[b] = total number of slots used.
-//   [combine_begin, ... + kCombineHeader + b)  the combine's work list:
+//   [combine_begin, ... + kCombineHeader + b)  the combine's work list (below);
+//   batch-invariant plans only: kInvariantFields more, [kInvChunkBlocks] C and [kInvMaxChunks] S,
+//   which also make their length differ from a default plan's for every b and num_parts (the
+//   API tells the two kinds apart by shape; invariant_schedule_size).
+// The combine's work list:
 //       [kCombineCount]      number of listed requests: those with num_splits != 1
 //       [kCombineManyCount]  how many of them have num_splits > kManySplits
 //       then b entries: first the kCombineManyCount requests with num_splits > kManySplits, in
@@ -59,8 +80,32 @@ enum PartField : int {
   kPartEndReq = 2,      // last request touched (inclusive); < begin_req for an empty part
   kPartEndBlock = 3,    // one past the last KV block of end_req
   kPartBeginSlot = 4,   // workspace slot of begin_req's piece (others use split_offsets[r])
-  kPartFields = 8,      // padded to 32 bytes
+  kPartChunkBlocks = 5,  // batch-invariant plan: the chunk size C in blocks; 0 in the default plans
+  kPartMaxChunks = 6,    // batch-invariant plan: S, the most chunks per request; 0 otherwise
+  kPartFields = 8,       // padded to 32 bytes
 };
+
+// The batch-invariant plan's parameters; chunk_blocks == 0: the default plans (line or pieces).
+struct ChunkSpec {
+  int chunk_blocks;  // C >= 1: a request is cut every C blocks (kBlockN tokens each) ...
+  int max_chunks;    // S >= 1: ... into at most S chunks (longer requests get longer chunks)
+  MLA_HOST_DEVICE bool invariant() const { return chunk_blocks > 0; }
+};
+
+// Trailer of a batch-invariant schedule, after the combine list.
+enum InvariantField : int {
+  kInvChunkBlocks = 0,
+  kInvMaxChunks = 1,
+  kInvariantFields = 4,  // not a multiple of kPartFields: no num_parts gives a default plan this length
+};
+
+// Chunk size of the batch-invariant plan: 1024 tokens. Its cost is about one fixed overhead
+// (kFixedOverheadBlocks) per chunk against the default plans, which cut a request only where the
+// batch leaves SMs idle; docs/design.md ("Batch-invariant schedule") has the estimate per benchmark
+// configuration behind this value.
+inline constexpr int kDefaultInvariantChunkBlocks = 16;
+// Largest chunk accepted (tokens = blocks * kBlockN must fit int32).
+inline constexpr int kMaxInvariantChunkBlocks = (1 << 30) / kBlockN;
 
 // Header of the combine list, at schedule[combine_begin(b, num_parts) + field].
 enum CombineField : int {
@@ -81,16 +126,62 @@ MLA_HOST_DEVICE int64_t combine_begin(int64_t batch, int64_t num_parts) {
 MLA_HOST_DEVICE int64_t schedule_size(int64_t batch, int64_t num_parts) {
   return combine_begin(batch, num_parts) + kCombineHeader + batch;
 }
+MLA_HOST_DEVICE int64_t invariant_begin(int64_t batch, int64_t num_parts) { return schedule_size(batch, num_parts); }
+MLA_HOST_DEVICE int64_t invariant_schedule_size(int64_t batch, int64_t num_parts) {
+  return schedule_size(batch, num_parts) + kInvariantFields;
+}
+MLA_HOST_DEVICE int64_t schedule_size(int64_t batch, int64_t num_parts, bool invariant) {
+  return invariant ? invariant_schedule_size(batch, num_parts) : schedule_size(batch, num_parts);
+}
 
 // Most workspace slots any schedule over `batch` requests and `num_parts` parts can use:
-// each part boundary splits at most one request into one more piece.
-MLA_HOST_DEVICE int64_t max_splits(int64_t batch, int64_t num_parts) { return batch + num_parts; }
+// each part boundary splits at most one request into one more piece; in the batch-invariant plan
+// (max_chunks > 0) every request may have max_chunks chunks.
+MLA_HOST_DEVICE int64_t max_splits(int64_t batch, int64_t num_parts, int64_t max_chunks = 0) {
+  return max_chunks > 0 ? batch * max_chunks : batch + num_parts;
+}
+
+// S of the batch-invariant plan (ChunkSpec::max_chunks): num_parts, since a request never runs on
+// more parts than there are, bounded by the chunks a request of the block table's capacity
+// (capacity_tokens = max_pages * page_size; < 0 when unknown, as for decode_schedule) can need,
+// which keeps the workspace (max_splits) small when the table is. A valid request (seq_len <=
+// capacity) gets the same chunks from either value: with nb <= ceil(capacity / kBlockN) blocks,
+// ceil(nb / S) <= C whenever S is the capacity's bound, so Cr = C as with S = num_parts (a request
+// longer than num_parts * C blocks needs capacity for more than num_parts chunks, so S = num_parts
+// there). Only an invalid, longer request (NaN on the GPU, an error on the CPU) is cut differently.
+MLA_HOST_DEVICE int invariant_max_chunks(int num_parts, int chunk_blocks, int64_t capacity_tokens) {
+  if (capacity_tokens < 0) return num_parts;
+  const int64_t capacity_blocks = (capacity_tokens + kBlockN - 1) / kBlockN;
+  int64_t s = (capacity_blocks + chunk_blocks - 1) / chunk_blocks;
+  s = s < 1 ? 1 : s;
+  return s < num_parts ? static_cast<int>(s) : num_parts;
+}
 
 MLA_HOST_DEVICE int num_kv_blocks(int seq_len) { return seq_len <= 0 ? 0 : (seq_len + kBlockN - 1) / kBlockN; }
 
 MLA_HOST_DEVICE int request_cost(int seq_len) {
   const int nb = num_kv_blocks(seq_len);
   return nb == 0 ? 0 : nb + kFixedOverheadBlocks;
+}
+
+// Batch-invariant plan: the chunk size Cr (blocks) of a request of nb blocks, and its chunk count.
+MLA_HOST_DEVICE int request_chunk_blocks(int nb, const ChunkSpec& c) {
+  const int spread = nb / c.max_chunks + (nb % c.max_chunks != 0);  // ceil(nb / S), no overflow
+  return spread > c.chunk_blocks ? spread : c.chunk_blocks;
+}
+MLA_HOST_DEVICE int num_chunks(int nb, const ChunkSpec& c) {
+  if (nb <= 0) return 0;
+  const int cr = request_chunk_blocks(nb, c);
+  return nb / cr + (nb % cr != 0);
+}
+// A request's cost on the batch-invariant plan's line: its blocks plus one overhead per chunk.
+MLA_HOST_DEVICE int chunked_request_cost(int seq_len, const ChunkSpec& c) {
+  const int nb = num_kv_blocks(seq_len);
+  return nb + num_chunks(nb, c) * kFixedOverheadBlocks;
+}
+// The cost the plan lays on its line for a request.
+MLA_HOST_DEVICE int plan_request_cost(int seq_len, const ChunkSpec& c) {
+  return c.invariant() ? chunked_request_cost(seq_len, c) : request_cost(seq_len);
 }
 
 // Units per part for a total cost (at least one unit so that parts make progress).
@@ -225,12 +316,16 @@ MLA_HOST_DEVICE int num_splits_planned(const PartPlan& plan, int64_t c_begin, in
   return static_cast<int>((c_end - 1) / plan.width - (c_begin + kFixedOverheadBlocks) / plan.width + 1);
 }
 
+// Whether a request of num_splits splits is listed in the many-split class: never in the
+// batch-invariant plan, whose merges must all share one arithmetic (see the header).
+MLA_HOST_DEVICE bool many_split_class(int num_splits, bool invariant) { return !invariant && num_splits > kManySplits; }
+
 // Where request r goes in the combine list (-1: not listed, it has exactly one split).
-// many_before / few_before: listed requests before r of the same class; num_many: the total of
-// the many-split class (listed first).
-MLA_HOST_DEVICE int combine_position(int num_splits, int many_before, int few_before, int num_many) {
+// many: its class (many_split_class); many_before / few_before: listed requests before r of the
+// same class; num_many: the total of the many-split class (listed first).
+MLA_HOST_DEVICE int combine_position(int num_splits, bool many, int many_before, int few_before, int num_many) {
   if (num_splits == 1) return -1;
-  return num_splits > kManySplits ? many_before : num_many + few_before;
+  return many ? many_before : num_many + few_before;
 }
 
 // KV block of request r at cost unit x, clamped to [0, nb]: units before the request's blocks
@@ -284,13 +379,68 @@ MLA_HOST_DEVICE void plan_part(const int64_t* C, const int32_t* split_offsets, i
   info[kPartBeginSlot] = split_offsets[r0] + static_cast<int32_t>(p - first_part_of(C, r0, w));
 }
 
+// Batch-invariant plan: where the chunks that start at cost unit x or later begin: request r
+// (the one holding unit x; x < C[batch]), block min(j Cr, nb) and chunk j (j = nb's chunk count
+// when no chunk of r starts at or after x). The chunks of r start at units C[r] + j (Cr + overhead).
+struct ChunkPosition {
+  int request, block, chunk;
+};
+MLA_HOST_DEVICE ChunkPosition chunk_at_unit(const int64_t* C, const int32_t* seq_lens, int batch, const ChunkSpec& c,
+                                            int64_t x) {
+  ChunkPosition pos;
+  pos.request = request_of_unit(C, batch, x);
+  const int nb = num_kv_blocks(seq_lens[pos.request]);
+  const int cr = request_chunk_blocks(nb, c);
+  const int64_t step = static_cast<int64_t>(cr) + kFixedOverheadBlocks;
+  const int64_t j = (x - C[pos.request] + step - 1) / step;
+  const int64_t block = j * cr;
+  pos.chunk = static_cast<int>(j);
+  pos.block = block < nb ? static_cast<int>(block) : nb;
+  return pos;
+}
+
+// Batch-invariant plan: part p's PartInfo, the chunks that start in its units [p W, (p + 1) W).
+// C is the exclusive prefix sum of plan_request_cost, split_offsets that of num_chunks.
+MLA_HOST_DEVICE void plan_part_chunked(const int64_t* C, const int32_t* split_offsets, const int32_t* seq_lens,
+                                       int batch, int num_parts, const ChunkSpec& c, int p, int32_t* info) {
+  for (int f = 0; f < kPartFields; ++f) info[f] = 0;
+  info[kPartChunkBlocks] = c.chunk_blocks;
+  info[kPartMaxChunks] = c.max_chunks;
+  const int64_t total = C[batch];
+  const int64_t w = units_per_part(total, num_parts);
+  const int64_t x0 = static_cast<int64_t>(p) * w;
+  if (x0 >= total) {
+    info[kPartBeginReq] = batch;
+    info[kPartEndReq] = batch - 1;
+    return;
+  }
+  const ChunkPosition begin = chunk_at_unit(C, seq_lens, batch, c, x0);
+  info[kPartBeginReq] = begin.request;
+  info[kPartBeginBlock] = begin.block;
+  info[kPartBeginSlot] = split_offsets[begin.request] + begin.chunk;
+  const int64_t x1 = x0 + w;
+  if (x1 >= total) {  // to the end of the last non-empty request
+    const int last = request_of_unit(C, batch, total - 1);
+    info[kPartEndReq] = last;
+    info[kPartEndBlock] = num_kv_blocks(seq_lens[last]);
+  } else {  // up to the next part's first chunk (block 0 of a request: nothing of it)
+    const ChunkPosition end = chunk_at_unit(C, seq_lens, batch, c, x1);
+    info[kPartEndReq] = end.request;
+    info[kPartEndBlock] = end.block;
+  }
+}
+
 // Host reference: the whole plan, sequentially. C must have room for batch + 1 entries.
 // The device scheduler (scheduler.cu) produces the identical array.
-inline void plan_schedule_host(const int32_t* seq_lens, int batch, int num_parts, int64_t* C, int32_t* schedule) {
+// chunks: the batch-invariant plan's parameters (chunks.invariant()), or {0, 0} for the default
+// plans; an invariant schedule has invariant_schedule_size(batch, num_parts) elements.
+inline void plan_schedule_host(const int32_t* seq_lens, int batch, int num_parts, int64_t* C, int32_t* schedule,
+                               ChunkSpec chunks = {0, 0}) {
+  const bool invariant = chunks.invariant();
   C[0] = 0;
   CostSummary s{INT32_MAX, 0, 0};  // over the non-empty requests
   for (int r = 0; r < batch; ++r) {
-    const int c = request_cost(seq_lens[r]);
+    const int c = plan_request_cost(seq_lens[r], chunks);
     C[r + 1] = C[r] + c;
     if (c > 0) {
       s.min_cost = c < s.min_cost ? c : s.min_cost;
@@ -298,34 +448,54 @@ inline void plan_schedule_host(const int32_t* seq_lens, int batch, int num_parts
       s.nonempty += 1;
     }
   }
-  const PartPlan plan = choose_part_plan(C[batch], num_parts, s, [&](int piece_blocks) {
-    int64_t n = 0;
-    for (int r = 0; r < batch; ++r) n += pieces_of(num_kv_blocks(seq_lens[r]), piece_blocks);
-    return n;
-  });
+  PartPlan plan{1, 0};  // the batch-invariant plan has no choice to make
+  if (!invariant) {
+    plan = choose_part_plan(C[batch], num_parts, s, [&](int piece_blocks) {
+      int64_t n = 0;
+      for (int r = 0; r < batch; ++r) n += pieces_of(num_kv_blocks(seq_lens[r]), piece_blocks);
+      return n;
+    });
+  }
   int32_t* split_offsets = schedule + split_offsets_begin(num_parts);  // (b + 1)
   split_offsets[0] = 0;
-  for (int r = 0; r < batch; ++r) split_offsets[r + 1] = split_offsets[r] + num_splits_planned(plan, C[r], C[r + 1]);
-  for (int p = 0; p < num_parts; ++p) plan_part(C, split_offsets, batch, plan, p, schedule + static_cast<int64_t>(p) * kPartFields);
+  for (int r = 0; r < batch; ++r) {
+    const int n = invariant ? num_chunks(num_kv_blocks(seq_lens[r]), chunks) : num_splits_planned(plan, C[r], C[r + 1]);
+    split_offsets[r + 1] = split_offsets[r] + n;
+  }
+  for (int p = 0; p < num_parts; ++p) {
+    int32_t* info = schedule + static_cast<int64_t>(p) * kPartFields;
+    if (invariant) {
+      plan_part_chunked(C, split_offsets, seq_lens, batch, num_parts, chunks, p, info);
+    } else {
+      plan_part(C, split_offsets, batch, plan, p, info);
+    }
+  }
   int32_t* combine = schedule + combine_begin(batch, num_parts);  // (kCombineHeader + b)
   int32_t* list = combine + kCombineHeader;                       // (b)
   int num_many = 0, num_listed = 0;
   for (int r = 0; r < batch; ++r) {
     const int n = split_offsets[r + 1] - split_offsets[r];
-    num_many += n > kManySplits;
+    num_many += many_split_class(n, invariant);
     num_listed += n != 1;
   }
   for (int i = 0; i < batch; ++i) list[i] = -1;
   int many_before = 0, few_before = 0;
   for (int r = 0; r < batch; ++r) {
     const int n = split_offsets[r + 1] - split_offsets[r];
-    const int pos = combine_position(n, many_before, few_before, num_many);
+    const bool many = many_split_class(n, invariant);
+    const int pos = combine_position(n, many, many_before, few_before, num_many);
     if (pos >= 0) list[pos] = r;
-    many_before += n > kManySplits;
-    few_before += n != 1 && n <= kManySplits;
+    many_before += many;
+    few_before += n != 1 && !many;
   }
   combine[kCombineCount] = num_listed;
   combine[kCombineManyCount] = num_many;
+  if (invariant) {
+    int32_t* trailer = schedule + invariant_begin(batch, num_parts);  // (kInvariantFields)
+    for (int f = 0; f < kInvariantFields; ++f) trailer[f] = 0;
+    trailer[kInvChunkBlocks] = chunks.chunk_blocks;
+    trailer[kInvMaxChunks] = chunks.max_chunks;
+  }
 }
 
 }  // namespace jax_mla

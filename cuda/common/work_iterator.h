@@ -7,10 +7,16 @@
 //
 // A part lists requests info[kPartBeginReq] .. info[kPartEndReq] (none when end < begin). Its
 // first and last request may be cut by a part boundary; the requests between lie wholly inside it.
-// A request of the range may still yield no piece: an empty request (seq_len <= 0), or a part that
-// holds only the overhead units of its first request (scheduler.h's cost line). The walks skip
+// A request of the range may still yield no piece: an empty request (seq_len <= 0), a part that
+// holds only the overhead units of its first request (scheduler.h's cost line), or a
+// batch-invariant part whose range of its first or last request holds no chunk. The walks skip
 // those, so piece ordinals (and their parity, which selects double-buffered per-piece state such as
 // the SM90 row sums or the portable loader's bad-page flags) count non-empty pieces only.
+//
+// In the batch-invariant plan a part may hold several chunks of one request (scheduler.h): each
+// is its own piece (own slot, own online softmax), so the walks cut the part's range of a request
+// at its chunk boundaries. Pieces of the same request then follow each other; nothing here assumes
+// that consecutive pieces belong to different requests.
 //
 // Host and device: the CPU kernel compiles it as plain C++ (MLA_HOST_DEVICE, config.h).
 #pragma once
@@ -47,8 +53,13 @@ struct PartWork {
   MLA_HOST_DEVICE int first_request() const { return info[kPartBeginReq]; }
   MLA_HOST_DEVICE int last_request() const { return info[kPartEndReq]; }  // < first_request(): no work
 
-  // The piece of request r (first_request() <= r <= last_request()) in this part; may be empty.
-  // Only the part's first request can start past block 0 or at a slot other than its first one.
+  // Whether the part belongs to a batch-invariant plan, whose requests are cut into chunks.
+  MLA_HOST_DEVICE bool chunked() const { return info[kPartChunkBlocks] > 0; }
+
+  // The span of request r (first_request() <= r <= last_request()) in this part: all of its
+  // blocks the part holds, at the slot of the first; may be empty. Only the part's first request
+  // can start past block 0 or at a slot other than its first one. In the default plans the span is
+  // the request's one piece in the part; take_piece() cuts it into pieces in every plan.
   MLA_HOST_DEVICE PieceOfWork piece(int r) const {
     PieceOfWork w;
     w.request = r;
@@ -63,15 +74,37 @@ struct PartWork {
   // that the compiler sees the same load as piece()'s and keeps one.
   MLA_HOST_DEVICE int seq_len(const PieceOfWork& w) const { return seq_lens[w.request]; }
 
+  // Blocks per piece when cutting the non-empty span w: the request's chunk size in the
+  // batch-invariant plan, else the whole span. A span starts on a chunk boundary (the plan puts
+  // part boundaries only there), so cutting every `step` blocks from its start gives the chunks.
+  MLA_HOST_DEVICE int piece_step(const PieceOfWork& w) const {
+    if (!chunked()) return w.end_block - w.begin_block;
+    const ChunkSpec c{info[kPartChunkBlocks], info[kPartMaxChunks] > 0 ? info[kPartMaxChunks] : 1};
+    return request_chunk_blocks(num_kv_blocks(seq_lens[w.request]), c);
+  }
+
+  // Cuts the next piece off the front of the non-empty span w (piece_step(w) blocks at most) and
+  // leaves the rest in w (empty when none is left); the pieces of one span take consecutive slots.
+  MLA_HOST_DEVICE static PieceOfWork take_piece(PieceOfWork& w, int step) {
+    PieceOfWork piece = w;
+    if (w.end_block - w.begin_block > step) piece.end_block = w.begin_block + step;
+    w.begin_block = piece.end_block;
+    w.slot += 1;
+    return piece;
+  }
+
   // Calls f(piece, ordinal) for each non-empty piece, in order; ordinal = 0, 1, ... counts them.
   template <class F>
   MLA_HOST_DEVICE void for_each_piece(F&& f) const {
     int ordinal = 0;
     for (int r = first_request(); r <= last_request(); ++r) {
-      const PieceOfWork w = piece(r);
-      if (w.empty()) continue;
-      f(w, ordinal);
-      ++ordinal;
+      PieceOfWork span = piece(r);
+      if (span.empty()) continue;
+      const int step = piece_step(span);
+      do {
+        f(take_piece(span, step), ordinal);
+        ++ordinal;
+      } while (!span.empty());
     }
   }
 };
@@ -81,8 +114,10 @@ struct PartWork {
 //   cursor.start(work, enter);  ... cursor.next(work, enter);  ... until cursor.done(work).
 // enter(piece) runs for each non-empty piece the cursor moves to (the caller keeps what it needs).
 struct PieceCursor {
-  int request;  // the current piece's request; past work.last_request() once done
-  int ordinal;  // the current piece's position among the part's non-empty pieces
+  int request;       // the current piece's request; past work.last_request() once done
+  int ordinal;       // the current piece's position among the part's non-empty pieces
+  PieceOfWork rest;  // what remains of the request's span after the current piece
+  int step;          // its piece_step
 
   MLA_HOST_DEVICE bool done(const PartWork& work) const { return request > work.last_request(); }
 
@@ -91,17 +126,24 @@ struct PieceCursor {
   MLA_HOST_DEVICE void start(const PartWork& work, Enter&& enter) {
     ordinal = -1;
     request = work.first_request() - 1;
+    rest.begin_block = rest.end_block = 0;
     next(work, enter);
   }
 
   // Moves to the next non-empty piece (past the last request when there is none).
   template <class Enter>
   MLA_HOST_DEVICE void next(const PartWork& work, Enter&& enter) {
+    if (!rest.empty()) {  // the next chunk of the same span
+      ++ordinal;
+      enter(PartWork::take_piece(rest, step));
+      return;
+    }
     for (++request; request <= work.last_request(); ++request) {
-      const PieceOfWork w = work.piece(request);
-      if (!w.empty()) {
+      rest = work.piece(request);
+      if (!rest.empty()) {
+        step = work.piece_step(rest);
         ++ordinal;
-        enter(w);
+        enter(PartWork::take_piece(rest, step));
         return;
       }
     }

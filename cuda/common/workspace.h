@@ -13,7 +13,7 @@ namespace jax_mla {
 MLA_HOST_DEVICE int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 struct WorkspaceLayout {
-  int64_t schedule_offset;     // int32 (schedule_size(b, num_parts)), used when no schedule is passed in
+  int64_t schedule_offset;     // int32 (schedule_size(b, num_parts, invariant)), used when no schedule is passed in
   int64_t partial_lse_offset;  // float (max_splits, rows)
   int64_t partial_out_offset;  // float (max_splits, rows, 512)
   int64_t merge_counters_offset;  // int32 (b, ceil(rows / kBlockM)): arrivals of a request's pieces (SM90 merge)
@@ -25,11 +25,13 @@ MLA_HOST_DEVICE int64_t merge_counters_bytes(int64_t batch, int64_t rows) {
   return batch * num_row_blocks(static_cast<int>(rows)) * 4;  // rows <= kMaxSeqQ * kMaxHeadsQ
 }
 
-MLA_HOST_DEVICE WorkspaceLayout workspace_layout(int64_t batch, int64_t rows, int64_t num_parts) {
+// max_chunks: the batch-invariant plan's S (ChunkSpec::max_chunks), 0 for the default plans.
+MLA_HOST_DEVICE WorkspaceLayout workspace_layout(int64_t batch, int64_t rows, int64_t num_parts,
+                                                 int64_t max_chunks = 0) {
   WorkspaceLayout w;
-  const int64_t splits = max_splits(batch, num_parts);
+  const int64_t splits = max_splits(batch, num_parts, max_chunks);
   w.schedule_offset = 0;
-  w.partial_lse_offset = align_up(schedule_size(batch, num_parts) * 4, 256);
+  w.partial_lse_offset = align_up(schedule_size(batch, num_parts, max_chunks > 0) * 4, 256);
   w.partial_out_offset = w.partial_lse_offset + align_up(splits * rows * 4, 256);
   w.merge_counters_offset = w.partial_out_offset + splits * rows * kHeadDimV * 4;
   w.total_bytes = w.merge_counters_offset + merge_counters_bytes(batch, rows);

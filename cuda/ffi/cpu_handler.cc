@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "common/problem.h"
@@ -58,10 +59,11 @@ ffi::Error decode_cpu_impl(ffi::AnyBuffer q,            // (b, s_q, h_q, 576) bf
                            ffi::Result<ffi::AnyBuffer> out,  // (b, s_q, h_q, 512) q's dtype
                            ffi::Result<ffi::AnyBuffer> lse,  // (b, s_q, h_q) f32
                            float softmax_scale, bool causal, int32_t num_parts,
-                           int32_t kernel) {  // which GPU kernel: validated, then ignored here
+                           int32_t kernel,  // which GPU kernel: validated, then ignored here
+                           int32_t chunk_blocks) {  // 0, or the batch-invariant plan's chunk
   ffi_args::DecodeShape shape;
   if (ffi::Error e = ffi_args::check_decode(q, kv_cache, block_table, seq_lens, schedule, *out, *lse, softmax_scale,
-                                            num_parts, kernel, &shape);
+                                            num_parts, kernel, chunk_blocks, &shape);
       e.failure()) {
     return e;
   }
@@ -75,16 +77,19 @@ ffi::Error decode_cpu_impl(ffi::AnyBuffer q,            // (b, s_q, h_q, 576) bf
   try {
     // The plan for these seq_lens. A caller-provided schedule must be exactly this array:
     // anything else would make the kernel skip keys or write outside the partial buffers.
-    const int64_t size = schedule_size(p.batch, p.num_parts);
+    const int64_t size = schedule_size(p.batch, p.num_parts, p.chunks.invariant());
     std::vector<int64_t> cost_prefix(static_cast<size_t>(p.batch) + 1);  // (b + 1)
     std::vector<int32_t> plan(static_cast<size_t>(size));                 // (schedule_size)
-    plan_schedule_host(p.seq_lens, p.batch, p.num_parts, cost_prefix.data(), plan.data());
+    plan_schedule_host(p.seq_lens, p.batch, p.num_parts, cost_prefix.data(), plan.data(), p.chunks);
     if (p.schedule != nullptr) {
       for (int64_t i = 0; i < size; ++i) {
         if (p.schedule[i] != plan[i]) {
           return invalid_argument(kDecodeTarget, "schedule does not match seq_lens and num_parts = ", p.num_parts,
-                                  " (element ", i, " is ", p.schedule[i], ", expected ", plan[i],
-                                  "); pass the schedule computed from these seq_lens");
+                                  p.chunks.invariant() ? " with batch_invariant's chunk of " : "",
+                                  p.chunks.invariant() ? std::to_string(p.chunks.chunk_blocks * kBlockN) : "",
+                                  p.chunks.invariant() ? " tokens" : "", " (element ", i, " is ", p.schedule[i],
+                                  ", expected ", plan[i], "); pass the schedule computed from these seq_lens",
+                                  p.chunks.invariant() ? " and the same invariant_chunk" : "");
         }
       }
     }
@@ -105,14 +110,18 @@ ffi::Error decode_cpu_impl(ffi::AnyBuffer q,            // (b, s_q, h_q, 576) bf
 }
 
 ffi::Error decode_schedule_cpu_impl(ffi::AnyBuffer seq_lens,               // (b,) s32
-                                    ffi::Result<ffi::AnyBuffer> schedule,  // (schedule_size(b, num_parts),) s32
-                                    int32_t num_parts) {
+                                    ffi::Result<ffi::AnyBuffer> schedule,  // (schedule_size(b, num_parts, .),) s32
+                                    int32_t num_parts, int32_t chunk_blocks) {
   int batch = 0;
-  if (ffi::Error e = ffi_args::check_schedule(seq_lens, *schedule, num_parts, &batch); e.failure()) return e;
+  ChunkSpec chunks{0, 0};
+  if (ffi::Error e = ffi_args::check_schedule(seq_lens, *schedule, num_parts, chunk_blocks, &batch, &chunks);
+      e.failure()) {
+    return e;
+  }
   try {
     std::vector<int64_t> cost_prefix(static_cast<size_t>(batch) + 1);  // (b + 1)
     plan_schedule_host(static_cast<const int32_t*>(seq_lens.untyped_data()), batch, num_parts, cost_prefix.data(),
-                       static_cast<int32_t*>(schedule->untyped_data()));
+                       static_cast<int32_t*>(schedule->untyped_data()), chunks);
   } catch (const std::bad_alloc&) {
     return ffi::Error(ffi::ErrorCode::kResourceExhausted, "jax_mla_decode_schedule: out of host memory");
   }
@@ -134,10 +143,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MlaDecodeCpu, jax_mla::decode_cpu_impl,
                                   .Attr<float>("softmax_scale")
                                   .Attr<bool>("causal")
                                   .Attr<int32_t>("num_parts")
-                                  .Attr<int32_t>("kernel"));
+                                  .Attr<int32_t>("kernel")
+                                  .Attr<int32_t>("chunk_blocks"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MlaDecodeScheduleCpu, jax_mla::decode_schedule_cpu_impl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()  // seq_lens
                                   .Ret<ffi::AnyBuffer>()  // schedule
-                                  .Attr<int32_t>("num_parts"));
+                                  .Attr<int32_t>("num_parts")
+                                  .Attr<int32_t>("chunk_blocks"));

@@ -54,10 +54,11 @@ ffi::Error check_gpu_limits(const ffi_args::DecodeShape& d, int64_t workspace_by
   if (!d.schedule_given && d.batch > kMaxScheduleBatch) {
     return invalid_argument(kTarget, "batch ", d.batch, " exceeds the device scheduler's limit ", kMaxScheduleBatch);
   }
-  const int64_t need = workspace_layout(d.batch, d.rows, d.num_parts).total_bytes;
+  const int64_t need = workspace_layout(d.batch, d.rows, d.num_parts, d.chunks.max_chunks).total_bytes;
   if (workspace_bytes < need) {
     return invalid_argument(kTarget, "workspace has ", workspace_bytes, " bytes, needs ", need,
-                            " (workspace_bytes(b=", d.batch, ", rows=", d.rows, ", num_parts=", d.num_parts, "))");
+                            " (workspace_bytes(b=", d.batch, ", rows=", d.rows, ", num_parts=", d.num_parts,
+                            ", max_chunks=", d.chunks.max_chunks, "))");
   }
   return ffi::Error::Success();
 }
@@ -69,7 +70,7 @@ struct WorkspaceScratch {
 };
 WorkspaceScratch attach_workspace(DecodeProblem& p, void* workspace) {
   uint8_t* ws = static_cast<uint8_t*>(workspace);
-  const WorkspaceLayout layout = workspace_layout(p.batch, p.rows, p.num_parts);
+  const WorkspaceLayout layout = workspace_layout(p.batch, p.rows, p.num_parts, p.chunks.max_chunks);
   p.partial_lse = reinterpret_cast<float*>(ws + layout.partial_lse_offset);
   p.partial_out = reinterpret_cast<float*>(ws + layout.partial_out_offset);
   return {reinterpret_cast<int*>(ws + layout.merge_counters_offset),
@@ -82,10 +83,11 @@ ffi::Error InitializeImpl() { return to_ffi(init_current_device()); }
 ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer kv_cache, ffi::AnyBuffer block_table,
                              ffi::AnyBuffer seq_lens, ffi::AnyBuffer schedule, ffi::Result<ffi::AnyBuffer> out,
                              ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> workspace,
-                             float softmax_scale, bool causal, int32_t num_parts, int32_t kernel) {
+                             float softmax_scale, bool causal, int32_t num_parts, int32_t kernel,
+                             int32_t chunk_blocks) {
   ffi_args::DecodeShape shape;
   if (ffi::Error e = ffi_args::check_decode(q, kv_cache, block_table, seq_lens, schedule, *out, *lse, softmax_scale,
-                                            num_parts, kernel, &shape);
+                                            num_parts, kernel, chunk_blocks, &shape);
       e.failure()) {
     return e;
   }
@@ -115,9 +117,13 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
 }
 
 ffi::Error ScheduleExecuteImpl(cudaStream_t stream, ffi::AnyBuffer seq_lens, ffi::Result<ffi::AnyBuffer> schedule,
-                               int32_t num_parts) {
+                               int32_t num_parts, int32_t chunk_blocks) {
   int batch = 0;
-  if (ffi::Error e = ffi_args::check_schedule(seq_lens, *schedule, num_parts, &batch); e.failure()) return e;
+  ChunkSpec chunks{0, 0};
+  if (ffi::Error e = ffi_args::check_schedule(seq_lens, *schedule, num_parts, chunk_blocks, &batch, &chunks);
+      e.failure()) {
+    return e;
+  }
   // An empty batch still has a schedule of num_parts empty parts: the kernel writes it (one CTA).
   if (batch > kMaxScheduleBatch) {
     return invalid_argument("jax_mla_decode_schedule", "batch ", batch, " exceeds the device scheduler's limit ",
@@ -127,7 +133,7 @@ ffi::Error ScheduleExecuteImpl(cudaStream_t stream, ffi::AnyBuffer seq_lens, ffi
   const DeviceState* device = nullptr;
   if (Status s = ready_device("jax_mla_decode_schedule", &device); !s.ok()) return to_ffi(s);
   if (cudaError_t e = launch_schedule(static_cast<const int32_t*>(seq_lens.untyped_data()), batch, num_parts,
-                                      static_cast<int32_t*>(schedule->untyped_data()), stream);
+                                      static_cast<int32_t*>(schedule->untyped_data()), stream, nullptr, 0, chunks);
       e != cudaSuccess) {
     return to_ffi(cuda_status("scheduler launch", e));
   }
@@ -153,13 +159,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MlaDecodeCudaExecute, jax_mla::DecodeExecuteImpl,
                                   .Attr<float>("softmax_scale")
                                   .Attr<bool>("causal")
                                   .Attr<int32_t>("num_parts")
-                                  .Attr<int32_t>("kernel"),  // runtime/kernel_select.h Kernel
+                                  .Attr<int32_t>("kernel")         // runtime/kernel_select.h Kernel
+                                  .Attr<int32_t>("chunk_blocks"),  // 0, or the batch-invariant plan's chunk
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MlaDecodeScheduleCudaExecute, jax_mla::ScheduleExecuteImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()  // seq_lens (b,) s32
-                                  .Ret<ffi::AnyBuffer>()  // schedule (schedule_size(b, num_parts),) s32
-                                  .Attr<int32_t>("num_parts"),
+                                  .Ret<ffi::AnyBuffer>()  // schedule (schedule_size(b, num_parts, .),) s32
+                                  .Attr<int32_t>("num_parts")
+                                  .Attr<int32_t>("chunk_blocks"),
                               {ffi::Traits::kCmdBufferCompatible});

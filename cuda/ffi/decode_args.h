@@ -62,7 +62,17 @@ struct DecodeShape {
   int num_parts = 0;
   DType dtype = DType::kBF16;
   bool schedule_given = false;  // false: the schedule operand has shape (0,), plan it in the op
+  // The batch-invariant plan ({0, 0}: the default plans). max_chunks is S for this call: the op's
+  // own plan bounds it by the block table's capacity, a passed schedule (decode_schedule, which
+  // does not know the table) by num_parts alone (scheduler.h invariant_max_chunks).
+  ChunkSpec chunks{0, 0};
 };
+
+// The `chunk_blocks` attribute of both targets: 0 (the default plans) or the batch-invariant
+// plan's chunk size in [1, kMaxInvariantChunkBlocks] blocks.
+inline bool chunk_blocks_ok(int32_t chunk_blocks) {
+  return chunk_blocks >= 0 && chunk_blocks <= kMaxInvariantChunkBlocks;
+}
 
 // Checks the operands, results and attributes of jax_mla_decode; on success `shape` describes them.
 inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576) bf16 | f16
@@ -72,7 +82,8 @@ inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576
                                ffi::AnyBuffer schedule,     // (0,) or (schedule_size(b, num_parts),) s32
                                ffi::AnyBuffer out,          // (b, s_q, h_q, 512) q's dtype
                                ffi::AnyBuffer lse,          // (b, s_q, h_q) f32
-                               float softmax_scale, int32_t num_parts, int32_t kernel, DecodeShape* shape) {
+                               float softmax_scale, int32_t num_parts, int32_t kernel, int32_t chunk_blocks,
+                               DecodeShape* shape) {
   constexpr const char* kTarget = "jax_mla_decode";
 
   // q fixes b, s_q, h_q and the dtype; everything else is checked against it.
@@ -128,14 +139,21 @@ inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576
   }
 
   if (num_parts < 1) return invalid_argument(kTarget, "num_parts must be >= 1, got ", num_parts);
+  if (!chunk_blocks_ok(chunk_blocks)) {
+    return invalid_argument(kTarget, "chunk_blocks (batch_invariant's chunk in ", kBlockN,
+                            "-token blocks) must be 0 or in [1, ", kMaxInvariantChunkBlocks, "], got ", chunk_blocks);
+  }
+  const bool invariant = chunk_blocks > 0;
   const auto schd = schedule.dimensions();
   if (schedule.element_type() != ffi::DataType::S32) {
     return invalid_argument(kTarget, "schedule must be int32, got ", dtype_name(schedule.element_type()));
   }
-  const int64_t expected_schedule = schedule_size(batch, num_parts);
+  const int64_t expected_schedule = schedule_size(batch, num_parts, invariant);
   if (schd.size() != 1 || (schd[0] != 0 && schd[0] != expected_schedule)) {
-    return invalid_argument(kTarget, "schedule must have shape (0,) or (schedule_size(b=", batch, ", num_parts=", num_parts,
-                            ") = ", expected_schedule, ",), got ", shape_string(schd));
+    return invalid_argument(kTarget, "schedule must have shape (0,) or (", invariant ? "invariant_" : "",
+                            "schedule_size(b=", batch, ", num_parts=", num_parts, ") = ", expected_schedule,
+                            ",) (a schedule made ", invariant ? "with" : "without", " batch_invariant), got ",
+                            shape_string(schd));
   }
 
   const auto od = out.dimensions();
@@ -177,6 +195,10 @@ inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576
   d.num_parts = num_parts;
   d.dtype = dtype == ffi::DataType::BF16 ? DType::kBF16 : DType::kF16;
   d.schedule_given = schd[0] != 0;
+  if (invariant) {
+    const int64_t capacity = d.schedule_given ? -1 : static_cast<int64_t>(max_pages) * page_size;
+    d.chunks = ChunkSpec{chunk_blocks, invariant_max_chunks(num_parts, chunk_blocks, capacity)};
+  }
   return ffi::Error::Success();
 }
 
@@ -198,6 +220,7 @@ inline DecodeProblem decode_problem(const DecodeShape& d, ffi::AnyBuffer q, ffi:
   p.dtype = d.dtype;
   p.softmax_scale = softmax_scale;
   p.causal = causal;
+  p.chunks = d.chunks;
   p.q = q.untyped_data();
   p.kv_cache = kv_cache.untyped_data();
   p.block_table = static_cast<const int32_t*>(block_table.untyped_data());
@@ -210,10 +233,11 @@ inline DecodeProblem decode_problem(const DecodeShape& d, ffi::AnyBuffer q, ffi:
   return p;
 }
 
-// Checks the operand, result and attribute of jax_mla_decode_schedule; returns the batch size.
+// Checks the operand, result and attributes of jax_mla_decode_schedule; returns the batch size
+// and the plan's ChunkSpec ({0, 0}: the default plans).
 inline ffi::Error check_schedule(ffi::AnyBuffer seq_lens,  // (b,) s32
-                                 ffi::AnyBuffer schedule,  // (schedule_size(b, num_parts),) s32
-                                 int32_t num_parts, int* batch) {
+                                 ffi::AnyBuffer schedule,  // (schedule_size(b, num_parts, invariant),) s32
+                                 int32_t num_parts, int32_t chunk_blocks, int* batch, ChunkSpec* chunks) {
   constexpr const char* kTarget = "jax_mla_decode_schedule";
   const auto sd = seq_lens.dimensions();
   if (seq_lens.element_type() != ffi::DataType::S32 || sd.size() != 1) {
@@ -222,13 +246,21 @@ inline ffi::Error check_schedule(ffi::AnyBuffer seq_lens,  // (b,) s32
   }
   if (sd[0] > kIntMax) return invalid_argument(kTarget, "batch size ", sd[0], " exceeds ", kIntMax);
   if (num_parts < 1) return invalid_argument(kTarget, "num_parts must be >= 1, got ", num_parts);
-  const int64_t expected = schedule_size(sd[0], num_parts);
+  if (!chunk_blocks_ok(chunk_blocks)) {
+    return invalid_argument(kTarget, "chunk_blocks (batch_invariant's chunk in ", kBlockN,
+                            "-token blocks) must be 0 or in [1, ", kMaxInvariantChunkBlocks, "], got ", chunk_blocks);
+  }
+  const bool invariant = chunk_blocks > 0;
+  const int64_t expected = schedule_size(sd[0], num_parts, invariant);
   const auto rd = schedule.dimensions();
   if (schedule.element_type() != ffi::DataType::S32 || rd.size() != 1 || rd[0] != expected) {
-    return invalid_argument(kTarget, "schedule result must be int32 (schedule_size(b=", sd[0], ", num_parts=", num_parts,
-                            ") = ", expected, ",), got ", dtype_name(schedule.element_type()), " ", shape_string(rd));
+    return invalid_argument(kTarget, "schedule result must be int32 (", invariant ? "invariant_" : "",
+                            "schedule_size(b=", sd[0], ", num_parts=", num_parts, ") = ", expected, ",), got ",
+                            dtype_name(schedule.element_type()), " ", shape_string(rd));
   }
   *batch = static_cast<int>(sd[0]);
+  // decode_schedule does not see the block table: S = num_parts (invariant_max_chunks).
+  *chunks = invariant ? ChunkSpec{chunk_blocks, invariant_max_chunks(num_parts, chunk_blocks, -1)} : ChunkSpec{0, 0};
   return ffi::Error::Success();
 }
 

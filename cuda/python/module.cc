@@ -75,11 +75,18 @@ nb::dict limits() {
   return d;
 }
 
-int64_t workspace_bytes(int64_t batch, int64_t rows, int64_t num_parts) {
+int64_t workspace_bytes(int64_t batch, int64_t rows, int64_t num_parts, int64_t max_chunks) {
   if (batch < 0) throw nb::value_error("batch must be >= 0");
   if (num_parts < 1) throw nb::value_error("num_parts must be >= 1");
   if (rows < 1) throw nb::value_error("rows must be >= 1");
-  return jax_mla::workspace_layout(batch, rows, num_parts).total_bytes;
+  if (max_chunks < 0) throw nb::value_error("max_chunks must be >= 0");
+  return jax_mla::workspace_layout(batch, rows, num_parts, max_chunks).total_bytes;
+}
+
+int invariant_max_chunks(int num_parts, int chunk_blocks, int64_t capacity_tokens) {
+  if (num_parts < 1) throw nb::value_error("num_parts must be >= 1");
+  if (chunk_blocks < 1) throw nb::value_error("chunk_blocks must be >= 1");
+  return jax_mla::invariant_max_chunks(num_parts, chunk_blocks, capacity_tokens);
 }
 
 // Names of the GPU decode kernels in this build (empty without CUDA).
@@ -127,7 +134,13 @@ NB_MODULE(_ext, m) {
   m.def("limits", &limits,
         "{name: int}: the limits the handlers check (cuda/runtime/limits.h), for jax_mla's own checks.");
   m.def("workspace_bytes", &workspace_bytes, nb::arg("batch"), nb::arg("rows"), nb::arg("num_parts"),
-        "Bytes of the CUDA workspace result of jax_mla_decode (rows = s_q * h_q).");
+        nb::arg("max_chunks") = 0,
+        "Bytes of the CUDA workspace result of jax_mla_decode (rows = s_q * h_q; max_chunks: the "
+        "batch-invariant plan's most chunks per request, invariant_max_chunks, or 0).");
+  m.def("invariant_max_chunks", &invariant_max_chunks, nb::arg("num_parts"), nb::arg("chunk_blocks"),
+        nb::arg("capacity_tokens"),
+        "Most chunks per request of a batch-invariant plan (common/scheduler.h): num_parts, bounded by what a "
+        "request of capacity_tokens (max_pages * page_size; -1 when unknown) needs.");
   m.def("built_kernels", &built_kernels, "Names of the GPU decode kernels compiled into this build.");
   m.def("kernel_info", &kernel_info, nb::arg("device_ordinal"),
         "Which kernel a CUDA device uses (initializes it for jax_mla if needed, self-check included).");

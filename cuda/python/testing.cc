@@ -33,15 +33,21 @@ using SeqLens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device
 using Schedule = nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>;                          // (schedule_size,)
 
 // Host reference planner (scheduler.h): the exact array jax_mla_decode_schedule produces.
-Schedule plan_schedule(SeqLens seq_lens, int num_parts) {
+// chunk_blocks > 0: the batch-invariant plan with that chunk and max_chunks chunks at most per
+// request (0: num_parts, what decode_schedule uses).
+Schedule plan_schedule(SeqLens seq_lens, int num_parts, int chunk_blocks, int max_chunks) {
   const int64_t batch = static_cast<int64_t>(seq_lens.shape(0));
   check_sizes(batch, num_parts);
   if (batch > INT32_MAX) throw nb::value_error("batch must fit in int32");
-  const size_t size = static_cast<size_t>(schedule_size(batch, num_parts));
-  int32_t* schedule = new int32_t[size];  // (schedule_size(b, num_parts)), owned by the numpy array
+  if (chunk_blocks < 0 || chunk_blocks > kMaxInvariantChunkBlocks) throw nb::value_error("chunk_blocks out of range");
+  if (max_chunks < 0) throw nb::value_error("max_chunks must be >= 0");
+  const ChunkSpec chunks = chunk_blocks > 0 ? ChunkSpec{chunk_blocks, max_chunks > 0 ? max_chunks : num_parts}
+                                            : ChunkSpec{0, 0};
+  const size_t size = static_cast<size_t>(schedule_size(batch, num_parts, chunks.invariant()));
+  int32_t* schedule = new int32_t[size];  // (schedule_size(b, num_parts, .)), owned by the numpy array
   nb::capsule owner(schedule, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
   std::vector<int64_t> cost_prefix(static_cast<size_t>(batch) + 1);  // (b + 1)
-  plan_schedule_host(seq_lens.data(), static_cast<int>(batch), num_parts, cost_prefix.data(), schedule);
+  plan_schedule_host(seq_lens.data(), static_cast<int>(batch), num_parts, cost_prefix.data(), schedule, chunks);
   return Schedule(schedule, {size}, owner);
 }
 
@@ -115,14 +121,17 @@ nb::dict cuda_call_stats() {
 void define_testing(nb::module_ m) {
   m.def(
       "schedule_size",
-      [](int64_t batch, int64_t num_parts) {
+      [](int64_t batch, int64_t num_parts, bool invariant) {
         check_sizes(batch, num_parts);
-        return schedule_size(batch, num_parts);
+        return schedule_size(batch, num_parts, invariant);
       },
-      nb::arg("batch"), nb::arg("num_parts"), "int32 elements of a split-KV schedule (common/scheduler.h).");
-  m.def("plan_schedule", &plan_schedule, nb::arg("seq_lens"), nb::arg("num_parts"),
+      nb::arg("batch"), nb::arg("num_parts"), nb::arg("invariant") = false,
+      "int32 elements of a split-KV schedule (common/scheduler.h; invariant: a batch-invariant plan's).");
+  m.def("plan_schedule", &plan_schedule, nb::arg("seq_lens"), nb::arg("num_parts"), nb::arg("chunk_blocks") = 0,
+        nb::arg("max_chunks") = 0,
         "Split-KV schedule of int32 seq_lens (b,) for num_parts parts, planned on the host (the line or "
-        "pieces plan, as cuda/common/scheduler.h chooses).");
+        "pieces plan, as cuda/common/scheduler.h chooses; with chunk_blocks > 0 the batch-invariant plan "
+        "of that chunk and at most max_chunks chunks per request, 0: num_parts).");
   m.def("select_kernel", &select, nb::arg("cc_major"), nb::arg("cc_minor"), nb::arg("kernel"),
         nb::arg("env") = nb::none(), nb::arg("self_check") = "not run",
         nb::arg("built") = std::vector<std::string>{"sm90"}, nb::arg("self_check_mode") = "",

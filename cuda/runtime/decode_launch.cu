@@ -105,7 +105,7 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeProblem p, int sm_count, 
   st.fused_merge = fused_merge;
   if (p.schedule == nullptr) {
     if ((st.error = launch_schedule(p.seq_lens, p.batch, p.num_parts, schedule_scratch, stream, merge_counters,
-                                    static_cast<int>(counter_bytes / sizeof(int32_t)))) != cudaSuccess) {
+                                    static_cast<int>(counter_bytes / sizeof(int32_t)), p.chunks)) != cudaSuccess) {
       st.what = "scheduler launch";
       return st;
     }

@@ -34,7 +34,10 @@ inline constexpr Limit kLimits[] = {
     {"MAX_GPU_PAGE_SIZE", kMaxGpuPageSize},   //   [MIN_GPU_PAGE_SIZE, MAX_GPU_PAGE_SIZE]
     {"PART_FIELDS", kPartFields},             // schedule layout: int32 fields per part,
     {"COMBINE_HEADER", kCombineHeader},       //   the combine list's header,
-    {"MANY_SPLITS", kManySplits},             //   and its many-split threshold
+    {"MANY_SPLITS", kManySplits},             //   and its many-split threshold,
+    {"INVARIANT_FIELDS", kInvariantFields},   //   the trailer of a batch-invariant schedule
+    {"DEFAULT_INVARIANT_CHUNK", kDefaultInvariantChunkBlocks * kBlockN},  // batch_invariant's chunk
+    {"MAX_INVARIANT_CHUNK", static_cast<int64_t>(kMaxInvariantChunkBlocks) * kBlockN},  // (tokens)
     {"INT32_MAX", kIntMax},                   // dimensions, schedule sizes and token counts
 };
 

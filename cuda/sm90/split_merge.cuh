@@ -40,7 +40,8 @@
 namespace jax_mla::sm90 {
 
 inline constexpr int kMergeWarps = kConsumerThreads / 32;          // 8: both consumers
-// Splits a row may have (num_splits <= num_parts): lane l holds the LSEs of splits l + 32 k.
+// Splits a row may have (num_splits <= num_parts in every plan; scheduler.h caps the batch-invariant
+// plan's chunks at num_parts): lane l holds the LSEs of splits l + 32 k.
 inline constexpr int kMergeLseRegs = 5;
 static_assert(32 * kMergeLseRegs == kFusedMergeMaxParts, "launch_plan.h's part limit is what the merge can hold");
 // A wait longer than this is a bug (or CTAs that cannot all be resident): trap, do not hang.
@@ -209,13 +210,26 @@ __device__ __forceinline__ int* merge_counter(const LaunchPlan& plan, const Deco
   return plan.merge_counters + static_cast<int64_t>(request) * num_row_blocks(p.rows) + m_block;
 }
 
-// Both consumers, after the CTA's last piece: for each split piece of the part (only its first and
-// its last request can be split: the requests between lie wholly inside it), wait for the request's
-// other pieces and merge this piece's share of the rows. Nothing is carried through the piece loop
-// (registers there are the wgmma accumulators'); the schedule entries are re-read (L1 hits).
+// Both consumers, after the CTA's last piece: for each split piece of the part, wait for the
+// request's other pieces and merge this piece's share of the rows. In the default plans only the
+// part's first and last request can be split (the requests between lie wholly inside it); in the
+// batch-invariant plan any piece can, and several pieces of one request can sit in this part (each
+// merges its own share; every piece of the CTA arrived in its epilogue before the first wait, so
+// no CTA waits on itself). Nothing is carried through the piece loop (registers there are the
+// wgmma accumulators'); the schedule entries are re-read (L1 hits).
 template <typename Element>
 __device__ __forceinline__ void merge_split_pieces(const DecodeProblem& p, const LaunchPlan& plan, const PartWork& work,
                                                    int m_block, int rows_valid, int thread) {
+  if (work.chunked()) {
+    work.for_each_piece([&](const PieceOfWork& w, int) {
+      if (w.num_splits <= 1) return;
+      const int first_slot = work.split_offsets[w.request];
+      wait_pieces(merge_counter(plan, p, w.request, m_block), w.num_splits, thread);
+      merge_piece_rows<Element>(p, w.request, m_block, rows_valid, first_slot, w.num_splits, w.slot - first_slot,
+                                thread);
+    });
+    return;
+  }
   const int first = work.first_request(), last = work.last_request();
 #pragma unroll 1
   for (int k = 0; k < 2; ++k) {

@@ -17,7 +17,8 @@ import jax_mla
 from jax_mla import _ext, _validate
 
 NAMES = {"HEAD_DIM_QK", "HEAD_DIM_V", "MAX_SEQ_Q", "MAX_HEADS_Q", "BLOCK_M", "BLOCK_N", "MIN_GPU_PAGE_SIZE",
-         "MAX_GPU_PAGE_SIZE", "PART_FIELDS", "COMBINE_HEADER", "MANY_SPLITS", "INT32_MAX"}
+         "MAX_GPU_PAGE_SIZE", "PART_FIELDS", "COMBINE_HEADER", "MANY_SPLITS", "INVARIANT_FIELDS",
+         "DEFAULT_INVARIANT_CHUNK", "MAX_INVARIANT_CHUNK", "INT32_MAX"}
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +61,7 @@ def ffi_decode(q, kv, table, lens, num_parts=2):
                jax.ShapeDtypeStruct((b, s_q, h_q), jnp.float32))
     out, _ = jax.ffi.ffi_call("jax_mla_decode", results)(
         q, kv, table, lens, np.zeros((0,), np.int32), softmax_scale=np.float32(0.05), causal=False,
-        num_parts=np.int32(num_parts), kernel=np.int32(0))
+        num_parts=np.int32(num_parts), kernel=np.int32(0), chunk_blocks=np.int32(0))
     return np.asarray(out)
 
 

@@ -21,20 +21,20 @@ NO_SCHEDULE = np.zeros((0,), np.int32)
 
 
 def ffi_decode(q, kv_cache, block_table, seq_lens, schedule=NO_SCHEDULE, *, softmax_scale=576**-0.5,
-               causal=False, num_parts=4, kernel=0):
+               causal=False, num_parts=4, kernel=0, chunk_blocks=0):
     b, s_q, h_q, _ = q.shape
     results = (jax.ShapeDtypeStruct((b, s_q, h_q, 512), q.dtype), jax.ShapeDtypeStruct((b, s_q, h_q), jnp.float32))
     out, lse = jax.ffi.ffi_call("jax_mla_decode", results)(
         q, kv_cache, block_table, seq_lens, schedule,
         softmax_scale=np.float32(softmax_scale), causal=bool(causal), num_parts=np.int32(num_parts),
-        kernel=np.int32(kernel))
+        kernel=np.int32(kernel), chunk_blocks=np.int32(chunk_blocks))
     return np.asarray(out), np.asarray(lse)
 
 
 def ffi_schedule(seq_lens, num_parts):
     size = _ext.testing.schedule_size(seq_lens.shape[0], num_parts)
     call = jax.ffi.ffi_call("jax_mla_decode_schedule", jax.ShapeDtypeStruct((size,), jnp.int32))
-    return np.asarray(call(seq_lens, num_parts=np.int32(num_parts)))
+    return np.asarray(call(seq_lens, num_parts=np.int32(num_parts), chunk_blocks=np.int32(0)))
 
 
 def reference(q, kv_cache, block_table, seq_lens, scale, causal):
