@@ -10,6 +10,9 @@ builds the same step for one config and
     cuProfilerStart/Stop, so that `ncu --profile-from-start off --metrics gpu__time_duration.sum`
     lists every kernel a step launches, with its duration (ncu serialises them: the sum is the
     step's GPU time without overlap).
+  - with --sustain S, runs each variant's step back to back for S seconds while nvidia-smi samples
+    the SM clock and the power every 50 ms, and prints their medians per variant (a kernel whose
+    sustained clock drops under power limits is slower back to back than in one isolated call).
 
 Usage: python benchmarks/step_anatomy.py --only b128_sq1_h128_4k [--calls 16] [--profile]
 """
@@ -39,6 +42,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--sustain", type=float, default=0.0, help="seconds of back-to-back steps per variant")
     args = ap.parse_args()
     _setup_xla_flags(True)
 
@@ -104,6 +108,29 @@ def main() -> int:
             run(n)
         cuda.cuProfilerStop()
         print(f"# profiled one step of each of {names} ({calls} calls)", flush=True)
+        return 0
+    if args.sustain > 0:
+        import subprocess
+        for n in names:
+            smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                                    "-lms", "50"], stdout=subprocess.PIPE, text=True)
+            t_end, per_call = time.perf_counter() + args.sustain, []
+            while time.perf_counter() < t_end:
+                per_call.append(run(n))
+            smi.terminate()
+            samples = []
+            for line in smi.communicate()[0].splitlines():
+                try:
+                    clk, pw = (float(x) for x in line.split(","))
+                    samples.append((clk, pw))
+                except ValueError:
+                    pass
+            clk = sorted(c for c, _ in samples) or [float("nan")]
+            pw = sorted(p for _, p in samples) or [float("nan")]
+            per_call.sort()
+            print(f"sustain {n:<10} {per_call[len(per_call) // 2]:8.1f} us/call  SM clock median {clk[len(clk) // 2]:.0f} "
+                  f"MHz (min {clk[0]:.0f})  power median {pw[len(pw) // 2]:.0f} W (max {pw[-1]:.0f})  "
+                  f"{len(samples)} samples", flush=True)
         return 0
     times = {n: [] for n in names}
     for _ in range(args.repeats):
