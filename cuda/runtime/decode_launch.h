@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/problem.h"
+#include "common/watchdog_params.h"
 #include "runtime/kernel_select.h"
 
 namespace jax_mla {
@@ -28,8 +29,11 @@ struct LaunchStatus {
 // p.schedule is null the schedule is planned on the device into schedule_scratch
 // (schedule_size(b, num_parts) int32) first. kernel: kSm90, kSm100 or kPortable. sm_count: the
 // device's SMs (0: unknown) for sizing grids; merge_counters: the workspace's SM90 merge counters
-// (nullptr: no in-kernel merge).
+// (nullptr: no in-kernel merge). watchdog (the self-check's candidate runs only): launch the SM90 /
+// SM100 kernel's instantiation whose barrier waits give up at a deadline (common/watchdog.cuh; no
+// in-kernel merge then); the portable kernel has no barrier waits and ignores it.
 LaunchStatus launch_decode_kernel(Kernel kernel, DecodeProblem p, int sm_count, int* merge_counters,
-                                  int32_t* schedule_scratch, cudaStream_t stream);
+                                  int32_t* schedule_scratch, cudaStream_t stream,
+                                  const WatchdogParams* watchdog = nullptr);
 
 }  // namespace jax_mla

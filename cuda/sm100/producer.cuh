@@ -17,15 +17,16 @@
 
 namespace jax_mla::sm100 {
 
-template <typename Element>
+template <typename Element, typename W>
 __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const DecodeProblem& p, const CUtensorMap* q_map,
-                                              const CUtensorMap* kv_map, const PartWork& work, int m_block) {
+                                              const CUtensorMap* kv_map, const PartWork& work, int m_block,
+                                              const W& wd) {
   DecodeKVProducer<Element, kNumKvStages> producer{&s.kv_bars, &s.kv[0][0][0], {}};
   // Per-stage flag, written before the tile's arrivals (release): whoever acquires the stage's full
   // barriers for this tile sees it. The softmax warpgroup folds it into the piece's result.
   produce_part(
       producer, p, q_map, kv_map, work, m_block, &s.q[0][0], &s.q_full, &s.q_empty,
-      [](int) {}, [&](int, int stage, bool ok) { s.tile_bad[stage] = ok ? 0 : 1; });
+      [](int) {}, [&](int, int stage, bool ok) { s.tile_bad[stage] = ok ? 0 : 1; }, wd);
 }
 
 }  // namespace jax_mla::sm100

@@ -15,10 +15,11 @@
 namespace jax_mla::sm90 {
 
 // kv_group_map: the cache's column-box view, or nullptr for box-by-box loads.
-template <typename Element>
+template <typename Element, typename W>
 __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const DecodeProblem& p,
                                               const CUtensorMap* q_map, const CUtensorMap* kv_map,
-                                              const CUtensorMap* kv_group_map, const PartWork& work, int m_block) {
+                                              const CUtensorMap* kv_group_map, const PartWork& work, int m_block,
+                                              const W& wd) {
   BoxRingProducer<Element, kNumSlots> producer{&s.kv_bars, &s.kv[0][0], {}};
   producer.group_map = kv_group_map;
   // A bad block-table entry anywhere in a piece makes the whole request NaN: the flag is per piece
@@ -28,7 +29,8 @@ __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const D
       [&](int parity) { s.bad_request[parity] = 0; },
       [&](int parity, int, bool ok) {
         if (!ok) s.bad_request[parity] = 1;
-      });
+      },
+      wd);
 }
 
 }  // namespace jax_mla::sm90
