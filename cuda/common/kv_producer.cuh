@@ -208,11 +208,17 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePro
 
     wd.wait(q_empty, parity ^ 1);
     on_piece(parity);
-    ptx::mbarrier_arrive_expect_tx(q_full, kKvBoxesQK * kQBoxElems * 2);
-    const int q_row = r * p.rows + m_block * kBlockM;
+    // live(): always true in production. Past a watchdog's deadline the producer arrives on no
+    // transaction barrier any more: a release the consumers gave without waiting may leave that
+    // barrier's previous copy in flight, and a second expect_tx arrival on an incomplete phase
+    // would underflow its pending count. (A release backed by a real completion keeps it live.)
+    if (wd.live()) {
+      ptx::mbarrier_arrive_expect_tx(q_full, kKvBoxesQK * kQBoxElems * 2);
+      const int q_row = r * p.rows + m_block * kBlockM;
 #pragma unroll 1
-    for (int box = 0; box < kKvBoxesQK; ++box) {
-      ptx::tma_load_2d(q_smem + box * kQBoxElems, q_map, q_full, box * kKvBoxCols, q_row);
+      for (int box = 0; box < kKvBoxesQK; ++box) {
+        ptx::tma_load_2d(q_smem + box * kQBoxElems, q_map, q_full, box * kKvBoxCols, q_row);
+      }
     }
 
     const PagedKV kv{kv_map,
@@ -228,7 +234,7 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePro
       const auto source = producer.locate_tile(kv, blk * kBlockN);  // block-table reads overlap the wait
       producer.acquire(wd);
       on_tile(parity, producer.tile_stage(), source.ok);
-      producer.load_tile(kv, source, wd.withheld_box(tile));
+      if (wd.live()) producer.load_tile(kv, source, wd.withheld_box(tile));
       producer.commit_step();
       ++tile;
     }

@@ -13,7 +13,8 @@
 //     kernels depends only on the schedule, never on a barrier's outcome, so every role then runs
 //     through its remaining pieces without blocking (computing garbage, which the host discards),
 //     every named barrier and __syncthreads is still reached by all its threads, and the CTA ends
-//     through its normal teardown (the SM100 MMA warp frees its Tensor Memory);
+//     through its normal teardown (the SM100 MMA warp frees its Tensor Memory); the producer issues
+//     no copy after the deadline (live());
 //   - settle() at the end keeps an expired CTA alive a little longer, so that the TMA copies and
 //     tensor-core operations it issued after the deadline land before its shared memory and Tensor
 //     Memory are released;
@@ -39,6 +40,8 @@ struct NoWatchdog {
   __device__ __forceinline__ void wait(uint64_t* bar, uint32_t phase) const { ptx::mbarrier_wait(bar, phase); }
   // The box of the CTA's tile `tile` whose arrival the producer withholds: none.
   __device__ __forceinline__ static constexpr int withheld_box(int) { return -1; }
+  // Before the deadline (see Watchdog::live).
+  __device__ __forceinline__ static constexpr bool live() { return true; }
   __device__ __forceinline__ void settle() const {}
 };
 
@@ -70,6 +73,11 @@ struct Watchdog {
   }
 
   __device__ __forceinline__ int withheld_box(int tile) const { return tile == withhold_tile ? 0 : -1; }
+
+  // Whether the deadline is still ahead. The producer issues no copy (no transaction arrival) once
+  // it has passed, so that the only arrivals after the deadline are counted ones (releases, commits),
+  // which complete a phase at zero and can never underflow (kv_producer.cuh produce_part).
+  __device__ __forceinline__ bool live() const { return ptx::global_timer_ns() <= deadline; }
 
   // Called by every thread after its last operation, before the CTA's teardown.
   __device__ __forceinline__ void settle() const {
