@@ -147,6 +147,7 @@ __device__ __forceinline__ void copy_box(Element* box_dst, const PagedKV& kv, ui
 
 template <typename Element, int kNumStages>
 struct DecodeKVProducer {
+  static constexpr int kRingTiles = kNumStages;
   KVPipelineBarriers<kNumStages>* bars;
   Element* smem;  // (stage, box, BLK_N, 64)
   PipelineState<kNumStages> state;
@@ -183,13 +184,24 @@ struct DecodeKVProducer {
   __device__ __forceinline__ int tile_stage() const { return state.stage; }
 };
 
+// Tiles of a piece the producer issues before it waits for the consumers to release the previous
+// piece's Q (below). Loading them cannot deadlock as long as they fit in the ring: the position of
+// the piece's tile j < kRingTiles was last used by a tile of an earlier piece, whose release never
+// waits for this piece's Q. One, not the whole ring: the second position frees up only after the
+// previous piece's last P V, later than its Q is released (SM100: after its last S; SM90: after
+// both consumers' last P V, about when that position frees), and this piece's first S needs Q.
+inline constexpr int kPieceLookaheadTiles = 1;
+
 // The producer thread's whole job, shared by the SM90 and SM100 kernels and by both rings: walk the
-// pieces of one split-KV part (work_iterator.h) and, per piece, load Q of this CTA's row block once the
-// consumers released the previous piece's Q (q_empty, parity of the piece count), then the piece's
-// KV tiles into the ring. Q of a row block is stored as 9 boxes of (BLK_M, 64). Hooks keep each
+// pieces of one split-KV part (work_iterator.h) and, per piece, issue its first KV tile (or
+// kPieceLookaheadTiles), then load Q of this CTA's row block once the consumers released the
+// previous piece's Q (q_empty, parity of the piece count), then the piece's other tiles. So the ring
+// does not drain at a piece boundary: the next piece's first tile loads while the consumers finish
+// the previous piece. Q of a row block is stored as 9 boxes of (BLK_M, 64). Hooks keep each
 // kernel's own bookkeeping (bad block-table entries):
-//   on_piece(parity)   after the previous piece's Q was released, before this piece's Q load;
-//   on_tile(parity, stage, ok)  after acquire() (the stage, or the slot of box 0, is free), before
+//   on_piece(ordinal)  before any tile of the piece (the producer may be up to two pieces ahead of
+//                      the consumers' epilogue then: tests/cpu/test_sm90_ring_protocol.py);
+//   on_tile(ordinal, stage, ok)  after acquire() (the stage, or the slot of box 0, is free), before
 //                      the tile's arrivals, so a consumer that has waited for the tile also sees what
 //                      the hook wrote.
 // wd: the wait policy (watchdog.cuh) of every wait here, and its fault hook.
@@ -199,28 +211,13 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePro
                                              Element* q_smem,  // (9 boxes, BLK_M, 64)
                                              uint64_t* q_full, uint64_t* q_empty, OnPiece on_piece,
                                              OnTile on_tile, const W& wd = W{}) {
+  static_assert(kPieceLookaheadTiles >= 0 && kPieceLookaheadTiles <= Producer::kRingTiles,
+                "tiles issued before the previous piece's Q is released must fit in the ring (deadlock)");
   constexpr int kQBoxElems = kBlockM * kKvBoxCols;
   const int log2_page = 31 - __clz(p.page_size);
   int tile = 0;  // the CTA's tiles so far (the fault hook's index)
   work.for_each_piece([&](const PieceOfWork& w, int ordinal) {
     const int r = w.request;
-    const int parity = ordinal & 1;
-
-    wd.wait(q_empty, parity ^ 1);
-    on_piece(parity);
-    // live(): always true in production. Past a watchdog's deadline the producer arrives on no
-    // transaction barrier any more: a release the consumers gave without waiting may leave that
-    // barrier's previous copy in flight, and a second expect_tx arrival on an incomplete phase
-    // would underflow its pending count. (A release backed by a real completion keeps it live.)
-    if (wd.live()) {
-      ptx::mbarrier_arrive_expect_tx(q_full, kKvBoxesQK * kQBoxElems * 2);
-      const int q_row = r * p.rows + m_block * kBlockM;
-#pragma unroll 1
-      for (int box = 0; box < kKvBoxesQK; ++box) {
-        ptx::tma_load_2d(q_smem + box * kQBoxElems, q_map, q_full, box * kKvBoxCols, q_row);
-      }
-    }
-
     const PagedKV kv{kv_map,
                      p.block_table + static_cast<int64_t>(r) * p.max_pages,
                      work.seq_len(w),
@@ -229,11 +226,30 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePro
                      p.num_pages,
                      p.max_pages,
                      p.num_pages * p.page_size};
+    on_piece(ordinal);
+    // One loop (one copy of the tile code): Q goes in before the tile after the lookahead ones.
+    const int q_before = min(w.end_block, w.begin_block + kPieceLookaheadTiles);
 #pragma unroll 1
-    for (int blk = w.begin_block; blk < w.end_block; ++blk) {
+    for (int blk = w.begin_block;; ++blk) {
+      // live(): always true in production. Past a watchdog's deadline the producer arrives on no
+      // transaction barrier any more: a release the consumers gave without waiting may leave that
+      // barrier's previous copy in flight, and a second expect_tx arrival on an incomplete phase
+      // would underflow its pending count. (A release backed by a real completion keeps it live.)
+      if (blk == q_before) {
+        wd.wait(q_empty, (ordinal & 1) ^ 1);
+        if (wd.live()) {
+          ptx::mbarrier_arrive_expect_tx(q_full, kKvBoxesQK * kQBoxElems * 2);
+          const int q_row = r * p.rows + m_block * kBlockM;
+#pragma unroll 1
+          for (int box = 0; box < kKvBoxesQK; ++box) {
+            ptx::tma_load_2d(q_smem + box * kQBoxElems, q_map, q_full, box * kKvBoxCols, q_row);
+          }
+        }
+      }
+      if (blk == w.end_block) break;
       const auto source = producer.locate_tile(kv, blk * kBlockN);  // block-table reads overlap the wait
       producer.acquire(wd);
-      on_tile(parity, producer.tile_stage(), source.ok);
+      on_tile(ordinal, producer.tile_stage(), source.ok);
       if (wd.live()) producer.load_tile(kv, source, wd.withheld_box(tile));
       producer.commit_step();
       ++tile;
@@ -312,6 +328,7 @@ struct TileSlots {
 // for its position once (acquire), then its boxes load one by one or as grouped copies.
 template <typename Element, int kNumSlots>
 struct BoxRingProducer {
+  static constexpr int kRingTiles = kNumSlots / kKvBoxesQK;
   BoxRingBarriers<kNumSlots>* bars;
   Element* smem;  // (slot, BLK_N, 64)
   TileSlots<kNumSlots> tile;

@@ -1,7 +1,7 @@
 // SM100 role: the KV producer (one thread of warp 0). Walks the same pieces of work as every other
-// role and streams, per piece, Q of the CTA's 64-row block and then the piece's KV tiles into the
-// shared ring with the common DecodeKVProducer (cuda/common/kv_producer.cuh), unchanged from SM90:
-// locate_tile -> acquire -> load_tile -> commit_step. The ring has one consumer arrival per stage,
+// role and streams, per piece, its first KV tile, Q of the CTA's 64-row block, then the piece's
+// other KV tiles into the shared ring with the common produce_part and DecodeKVProducer
+// (cuda/common/kv_producer.cuh), as SM90 does: locate_tile -> acquire -> load_tile -> commit_step. The ring has one consumer arrival per stage,
 // the MMA warp's tcgen05.commit after the tile's P V, which completes only once every MMA reading
 // the stage (its Q K^T and its P V) is done.
 #pragma once

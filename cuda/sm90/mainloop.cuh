@@ -291,7 +291,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
       ptx::mbarrier_arrive(&s.q_empty);
     }
 
-    store_piece(s, p, plan, w, ordinal & 1, m_block, rows_valid, consumer, rc, rs, o, merge_thread);
+    store_piece(s, p, plan, w, ordinal, m_block, rows_valid, consumer, rc, rs, o, merge_thread);
   });
   // After the last wgmma of the CTA: waiting and merging inside the piece loop would stall the next
   // piece, and ptxas serialises every wgmma of the kernel when global loads sit between them (C7520).
