@@ -54,7 +54,7 @@ Status init_device_locked(int device) {
   }
   const AutoCandidate candidate = auto_candidate(prop.major, prop.minor, built_kernels(), env.self_check.value);
   if (candidate.needs_self_check) {
-    const SelfCheckReport report = run_self_check(candidate.kernel, env.self_check.value == SelfCheckMode::kFault);
+    const SelfCheckReport report = run_self_check(candidate.kernel, env.self_check.value);
     info.self_check_kernel = candidate.kernel;
     info.self_check = report.passed ? SelfCheckOutcome::kPassed : SelfCheckOutcome::kFailed;
     info.self_check_detail = report.detail;
@@ -159,6 +159,26 @@ DeviceKernelInfo device_kernel_info(int ordinal) {
     r.fell_back = sel.fell_back;
   }
   return r;
+}
+
+SelfCheckReport device_self_check(int ordinal, Kernel kernel, SelfCheckMode mode, uint64_t watchdog_budget_ns,
+                                  std::string* error) {
+  if (kernel != Kernel::kSm90 && kernel != Kernel::kSm100) {
+    *error = "jax_mla: the self-check compares the sm90 or sm100 kernel with the portable one";
+    return {};
+  }
+  const DeviceKernelInfo info = device_kernel_info(ordinal);  // sets the device and initializes it
+  if (!info.error.empty()) {
+    *error = info.error;
+    return {};
+  }
+  std::lock_guard<std::mutex> lock(g_devices_mutex);  // no initialization of another device meanwhile
+  const KernelSelection sel = select_on(g_devices[ordinal].state, static_cast<int32_t>(kernel));
+  if (!sel.error.empty()) {
+    *error = "jax_mla: " + sel.error;
+    return {};
+  }
+  return run_self_check(kernel, mode, watchdog_budget_ns);
 }
 
 }  // namespace jax_mla
