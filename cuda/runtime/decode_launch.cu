@@ -36,7 +36,6 @@ BuiltKernels built_kernels() {
 
 cudaError_t setup_decode_kernels(int cc_major, int cc_minor) {
   if (cc_major < 8) return cudaSuccess;  // no kernel runs there (the selection refuses the call)
-  const BuiltKernels built = built_kernels();
   cudaError_t e = portable::setup_decode<__nv_bfloat16>();
   if (e == cudaSuccess) e = portable::setup_decode<__half>();
 #ifdef JAX_MLA_HAVE_SM90
@@ -45,14 +44,18 @@ cudaError_t setup_decode_kernels(int cc_major, int cc_minor) {
     if (e == cudaSuccess) e = sm90::setup_decode<__half>();
   }
 #endif
-#ifdef JAX_MLA_ANY_SM100
-  if (e == cudaSuccess && cc_major == 10 && ((cc_minor == 0 && built.sm100) || (cc_minor == 3 && built.sm103))) {
-    e = sm100::setup_decode<__nv_bfloat16>();
-    if (e == cudaSuccess) e = sm100::setup_decode<__half>();
-  }
-#endif
-  (void)built;
+  (void)cc_minor;
   return e;
+}
+
+cudaError_t setup_sm100_kernel() {
+#ifdef JAX_MLA_ANY_SM100
+  cudaError_t e = sm100::setup_decode<__nv_bfloat16>();
+  if (e == cudaSuccess) e = sm100::setup_decode<__half>();
+  return e;
+#else
+  return cudaErrorInvalidDeviceFunction;
+#endif
 }
 
 namespace {

@@ -14,9 +14,15 @@
 
 namespace jax_mla {
 
-// One-time per-device setup of every decode kernel that can run on compute capability
-// (cc_major, cc_minor) in this build (opt-in shared memory). Call from the initialize stage.
+// One-time per-device setup (opt-in shared memory) of the portable kernel and, on compute capability
+// 9.0 in an sm_90a build, the SM90 kernel. Call from the initialize stage.
 cudaError_t setup_decode_kernels(int cc_major, int cc_minor);
+
+// The SM100 kernel's setup, for a device of compute capability 10.0 / 10.3 whose kernel is in the
+// build (cudaErrorInvalidDeviceFunction in a build without it). Separate from the others because its
+// failure must not fail the initialization: the kernel never ran on hardware, so a failure here is
+// a failed self-check and auto falls back to the portable kernel (runtime/device.cu).
+cudaError_t setup_sm100_kernel();
 
 struct LaunchStatus {
   cudaError_t error = cudaSuccess;

@@ -32,6 +32,9 @@ struct DeviceState {
   SelfCheckOutcome self_check = SelfCheckOutcome::kNotRun;
   Kernel self_check_kernel = Kernel::kAuto;  // the kernel that was checked (kAuto: none)
   std::string self_check_detail;             // why it failed
+  // Non-empty: the SM100 kernel's setup failed on this device ("setup failed: <error>"); auto's
+  // self-check then fails with it, and an explicit sm100 request is refused.
+  std::string sm100_setup_error;
 };
 
 // Initializes the current CUDA device for jax_mla if that has not happened yet (the FFI initialize
