@@ -2,13 +2,17 @@
 was written for, so no path can silently fall back to something slower:
   - the SM90 kernel (sm_90a): HGMMA (wgmma) and UTMALDG (TMA loads);
   - the SM100 kernel (sm_100a, and sm_103a when the build has it, nvcc >= 12.9): a tcgen05 MMA
-    (UTCHMMA, or any UTC*MMA form), TMEM loads (LDTM) and TMA loads (UTMALDG);
+    (UTCHMMA, or any UTC*MMA form), TMEM loads (LDTM) and TMA loads (UTMALDG), and no local memory
+    (LDL/STL: register spills or a stack array), which ptxas's report shows at build time only;
   - the portable kernel (sm_80, which runs on every 8.x GPU, sm_90 and sm_120): HMMA (mma.sync),
     LDSM (ldmatrix) and LDGSTS (cp.async), and no local-memory spills (LDL/STL); its compute_80 PTX
     (for GPUs without a cubin) must be embedded too.
-The SM90 kernel must also carry the in-kernel split merge (cuda/sm90/split_merge.cuh, used at run
-time where the grid fits): its release-add on the arrival counter (REDG ... STRONG.GPU).
-Every instantiation must be there: bf16 and fp16 of each kernel. Uses cuobjdump and nvdisasm from
+The SM90 kernel's production instantiations must also carry the in-kernel split merge
+(cuda/sm90/split_merge.cuh, used at run time where the grid fits): its release-add on the arrival
+counter (REDG ... STRONG.GPU).
+Every instantiation must be there: bf16 and fp16 of each kernel, and for SM90 and SM100 both the
+production and the self-check's watchdog instantiation (decode_kernel<Element, false / true>,
+common/watchdog.cuh), which get the same instruction checks. Uses cuobjdump and nvdisasm from
 NVIDIA's pip wheels.
 
   python3 -P .ci/check_sass.py      (inside an environment where jax_mla is installed)
@@ -57,9 +61,9 @@ _MERGE_ARRIVE = r"\bREDG\.E\.ADD\.S32\.STRONG\.GPU\b"
 # (architecture, kernel namespace, decode kernels expected, required instruction patterns, forbidden ones,
 #  required in the build?)
 CHECKS = (
-    ("sm_90a", "sm90", 2, {"HGMMA": r"\bHGMMA\b", "UTMALDG": r"\bUTMALDG\b"}, {}, True),
-    ("sm_100a", "sm100", 2, _SM100, {}, True),
-    ("sm_103a", "sm100", 2, _SM100, {}, False),
+    ("sm_90a", "sm90", 4, {"HGMMA": r"\bHGMMA\b", "UTMALDG": r"\bUTMALDG\b"}, {}, True),
+    ("sm_100a", "sm100", 4, _SM100, _SPILLS, True),
+    ("sm_103a", "sm100", 4, _SM100, _SPILLS, False),
     ("sm_80", "portable", 2, _PORTABLE, _SPILLS, True),
     ("sm_90", "portable", 2, _PORTABLE, _SPILLS, True),
     ("sm_120", "portable", 2, _PORTABLE, _SPILLS, True),
@@ -96,14 +100,21 @@ def main() -> int:
         print(f"{arch}: {len(funcs)} kernels in {os.path.basename(so)}")
         tag = f"{len(namespace)}{namespace}"  # the Itanium-mangled namespace, e.g. 8portable
         matching = {n: t for n, t in funcs.items() if "decode_kernel" in n and tag in n}
-        if len(matching) != expected:  # bf16 and fp16
+        if len(matching) != expected:  # bf16 and fp16 (x production and watchdog for SM90 / SM100)
             failures.append(f"{arch}: expected {expected} {namespace} decode kernels, found {sorted(matching)}")
+        if namespace != "portable":
+            # decode_kernel<Element, bool kWatchdog>: Lb0E production, Lb1E the self-check's.
+            for flag in ("Lb0E", "Lb1E"):
+                if sum(flag in n for n in matching) != expected // 2:
+                    failures.append(f"{arch}: expected {expected // 2} {namespace} decode kernels with {flag}, "
+                                    f"found {sorted(matching)}")
         for n, text in matching.items():
             counts = {i: len(re.findall(pattern, text)) for i, pattern in {**required, **forbidden}.items()}
             print(f"  {n[:70]}: " + ", ".join(f"{i} x{c}" for i, c in counts.items()))
             failures += [f"{arch}: {n} has no {i}" for i in required if counts[i] == 0]
-            failures += [f"{arch}: {n} has {i} (register spills)" for i in forbidden if counts[i] > 0]
-            if namespace == "sm90" and not re.search(_MERGE_ARRIVE, text):
+            failures += [f"{arch}: {n} has {i} (local memory: register spills or a stack array)" for i in forbidden
+                         if counts[i] > 0]
+            if namespace == "sm90" and "Lb0E" in n and not re.search(_MERGE_ARRIVE, text):
                 failures.append(f"{arch}: {n} has no split-merge arrival (REDG ... STRONG.GPU)")
     res = subprocess.run([tool, "--list-ptx", so], capture_output=True, text=True)
     ptx = re.findall(r"PTX file\s+\d+:\s+(\S+)\.(sm_\d+)\.ptx", res.stdout)

@@ -14,6 +14,8 @@
 //   consumer: wait_box(state, box) before reading a box; release(state) once its MMAs that read
 //             the stage have completed; then advance its own copy of the state.
 // Every box has its own full barrier so that QK^T can start on box 0 while later boxes are in flight.
+// Every wait goes through a wait policy (watchdog.cuh): NoWatchdog in production, Watchdog in the
+// self-check's instantiations, whose fault hook (withheld_box) also lives here.
 //
 // Two rings share the tile lookup and the box copies:
 //   stage ring (DecodeKVProducer, KVPipelineBarriers, KVConsumer): kNumStages stages of 9 boxes, a
@@ -32,6 +34,7 @@
 #include "config.h"
 #include "problem.h"
 #include "ptx.cuh"
+#include "watchdog.cuh"
 #include "work_iterator.h"
 
 namespace jax_mla {
@@ -144,6 +147,7 @@ __device__ __forceinline__ void copy_box(Element* box_dst, const PagedKV& kv, ui
 
 template <typename Element, int kNumStages>
 struct DecodeKVProducer {
+  static constexpr int kRingTiles = kNumStages;
   KVPipelineBarriers<kNumStages>* bars;
   Element* smem;  // (stage, box, BLK_N, 64)
   PipelineState<kNumStages> state;
@@ -152,7 +156,10 @@ struct DecodeKVProducer {
     return smem + static_cast<size_t>(stage) * kKvBoxesQK * kKvBoxElems;
   }
 
-  __device__ __forceinline__ void acquire() { ptx::mbarrier_wait(&bars->empty[state.stage], state.phase ^ 1); }
+  template <typename W = NoWatchdog>
+  __device__ __forceinline__ void acquire(const W& wd = W{}) {
+    wd.wait(&bars->empty[state.stage], state.phase ^ 1);
+  }
 
   __device__ __forceinline__ void commit_step() { state.advance(); }
 
@@ -160,11 +167,13 @@ struct DecodeKVProducer {
     return jax_mla::locate_tile(kv, first_token);
   }
 
-  // Issues the TMA copies of a located tile into the current stage (after acquire()).
-  __device__ __forceinline__ void load_tile(const PagedKV& kv, const TileSource& t) {
+  // Issues the TMA copies of a located tile into the current stage (after acquire()). withheld_box:
+  // a box whose arrival and copy are left out (the self-check's fault injection), -1 for none.
+  __device__ __forceinline__ void load_tile(const PagedKV& kv, const TileSource& t, int withheld_box = -1) {
     Element* dst = stage_ptr(state.stage);
 #pragma unroll 1
     for (int box = 0; box < kKvBoxesQK; ++box) {
+      if (box == withheld_box) continue;
       uint64_t* bar = &bars->full[state.stage][box];
       ptx::mbarrier_arrive_expect_tx(bar, kKvBoxBytes);
       copy_box(dst + box * kKvBoxElems, kv, bar, box, t);
@@ -175,36 +184,40 @@ struct DecodeKVProducer {
   __device__ __forceinline__ int tile_stage() const { return state.stage; }
 };
 
+// Tiles of a piece the producer issues before it waits for the consumers to release the previous
+// piece's Q (below). Loading them cannot deadlock as long as they fit in the ring: the position of
+// the piece's tile j < kRingTiles was last used by a tile of an earlier piece, whose release never
+// waits for this piece's Q. One, not the whole ring: the second position frees up only after the
+// previous piece's last P V, later than its Q is released (SM100: after its last S; SM90: after
+// both consumers' last P V, about when that position frees), and this piece's first S needs Q.
+inline constexpr int kPieceLookaheadTiles = 1;
+
 // The producer thread's whole job, shared by the SM90 and SM100 kernels and by both rings: walk the
-// pieces of one split-KV part (work_iterator.h) and, per piece, load Q of this CTA's row block once the
-// consumers released the previous piece's Q (q_empty, parity of the piece count), then the piece's
-// KV tiles into the ring. Q of a row block is stored as 9 boxes of (BLK_M, 64). Hooks keep each
+// pieces of one split-KV part (work_iterator.h) and, per piece, issue its first KV tile (or
+// kPieceLookaheadTiles), then load Q of this CTA's row block once the consumers released the
+// previous piece's Q (q_empty, parity of the piece count), then the piece's other tiles. So the ring
+// does not drain at a piece boundary: the next piece's first tile loads while the consumers finish
+// the previous piece. Q of a row block is stored as 9 boxes of (BLK_M, 64). Hooks keep each
 // kernel's own bookkeeping (bad block-table entries):
-//   on_piece(parity)   after the previous piece's Q was released, before this piece's Q load;
-//   on_tile(parity, stage, ok)  after acquire() (the stage, or the slot of box 0, is free), before
+//   on_piece(ordinal)  before any tile of the piece (the producer may be up to two pieces ahead of
+//                      the consumers' epilogue then: tests/cpu/test_sm90_ring_protocol.py);
+//   on_tile(ordinal, stage, ok)  after acquire() (the stage, or the slot of box 0, is free), before
 //                      the tile's arrivals, so a consumer that has waited for the tile also sees what
 //                      the hook wrote.
-template <typename Producer, typename Element, typename OnPiece, typename OnTile>
+// wd: the wait policy (watchdog.cuh) of every wait here, and its fault hook.
+template <typename Producer, typename Element, typename OnPiece, typename OnTile, typename W = NoWatchdog>
 __device__ __forceinline__ void produce_part(Producer& producer, const DecodeProblem& p, const CUtensorMap* q_map,
                                              const CUtensorMap* kv_map, const PartWork& work, int m_block,
                                              Element* q_smem,  // (9 boxes, BLK_M, 64)
                                              uint64_t* q_full, uint64_t* q_empty, OnPiece on_piece,
-                                             OnTile on_tile) {
+                                             OnTile on_tile, const W& wd = W{}) {
+  static_assert(kPieceLookaheadTiles >= 0 && kPieceLookaheadTiles <= Producer::kRingTiles,
+                "tiles issued before the previous piece's Q is released must fit in the ring (deadlock)");
   constexpr int kQBoxElems = kBlockM * kKvBoxCols;
   const int log2_page = 31 - __clz(p.page_size);
+  int tile = 0;  // the CTA's tiles so far (the fault hook's index)
   work.for_each_piece([&](const PieceOfWork& w, int ordinal) {
     const int r = w.request;
-    const int parity = ordinal & 1;
-
-    ptx::mbarrier_wait(q_empty, parity ^ 1);
-    on_piece(parity);
-    ptx::mbarrier_arrive_expect_tx(q_full, kKvBoxesQK * kQBoxElems * 2);
-    const int q_row = r * p.rows + m_block * kBlockM;
-#pragma unroll 1
-    for (int box = 0; box < kKvBoxesQK; ++box) {
-      ptx::tma_load_2d(q_smem + box * kQBoxElems, q_map, q_full, box * kKvBoxCols, q_row);
-    }
-
     const PagedKV kv{kv_map,
                      p.block_table + static_cast<int64_t>(r) * p.max_pages,
                      work.seq_len(w),
@@ -213,24 +226,45 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePro
                      p.num_pages,
                      p.max_pages,
                      p.num_pages * p.page_size};
+    on_piece(ordinal);
+    // One loop (one copy of the tile code): Q goes in before the tile after the lookahead ones.
+    const int q_before = min(w.end_block, w.begin_block + kPieceLookaheadTiles);
 #pragma unroll 1
-    for (int blk = w.begin_block; blk < w.end_block; ++blk) {
+    for (int blk = w.begin_block;; ++blk) {
+      // live(): always true in production. Past a watchdog's deadline the producer arrives on no
+      // transaction barrier any more: a release the consumers gave without waiting may leave that
+      // barrier's previous copy in flight, and a second expect_tx arrival on an incomplete phase
+      // would underflow its pending count. (A release backed by a real completion keeps it live.)
+      if (blk == q_before) {
+        wd.wait(q_empty, (ordinal & 1) ^ 1);
+        if (wd.live()) {
+          ptx::mbarrier_arrive_expect_tx(q_full, kKvBoxesQK * kQBoxElems * 2);
+          const int q_row = r * p.rows + m_block * kBlockM;
+#pragma unroll 1
+          for (int box = 0; box < kKvBoxesQK; ++box) {
+            ptx::tma_load_2d(q_smem + box * kQBoxElems, q_map, q_full, box * kKvBoxCols, q_row);
+          }
+        }
+      }
+      if (blk == w.end_block) break;
       const auto source = producer.locate_tile(kv, blk * kBlockN);  // block-table reads overlap the wait
-      producer.acquire();
-      on_tile(parity, producer.tile_stage(), source.ok);
-      producer.load_tile(kv, source);
+      producer.acquire(wd);
+      on_tile(ordinal, producer.tile_stage(), source.ok);
+      if (wd.live()) producer.load_tile(kv, source, wd.withheld_box(tile));
       producer.commit_step();
+      ++tile;
     }
   });
 }
 
-// Consumer side of the same ring.
-template <int kNumStages>
+// Consumer side of the same ring; W: the wait policy (watchdog.cuh).
+template <int kNumStages, typename W = NoWatchdog>
 struct KVConsumer {
   KVPipelineBarriers<kNumStages>* bars;
+  W wd{};
 
   __device__ __forceinline__ void wait_box(const PipelineState<kNumStages>& s, int box) const {
-    ptx::mbarrier_wait(&bars->full[s.stage][box], s.phase);
+    wd.wait(&bars->full[s.stage][box], s.phase);
   }
   // One arrival per consumer (an elected thread, after its MMAs reading the stage completed).
   __device__ __forceinline__ void release(const PipelineState<kNumStages>& s) const { release_stage(s.stage); }
@@ -294,6 +328,7 @@ struct TileSlots {
 // for its position once (acquire), then its boxes load one by one or as grouped copies.
 template <typename Element, int kNumSlots>
 struct BoxRingProducer {
+  static constexpr int kRingTiles = kNumSlots / kKvBoxesQK;
   BoxRingBarriers<kNumSlots>* bars;
   Element* smem;  // (slot, BLK_N, 64)
   TileSlots<kNumSlots> tile;
@@ -308,15 +343,18 @@ struct BoxRingProducer {
   // Waits until the tile's position may be overwritten (the producer starts at phase 1, so the
   // first pass over the ring does not wait). produce_part's hook runs after this, before any
   // arrival of the tile.
-  __device__ __forceinline__ void acquire() const {
-    ptx::mbarrier_wait(&bars->empty[tile.slot(0)], tile.phase_of(0) ^ 1u);
+  template <typename W = NoWatchdog>
+  __device__ __forceinline__ void acquire(const W& wd = W{}) const {
+    wd.wait(&bars->empty[tile.slot(0)], tile.phase_of(0) ^ 1u);
   }
-  // Issues the tile's copies (after acquire()).
-  __device__ __forceinline__ void load_tile(const PagedKV& kv, const TileSource& t) {
+  // Issues the tile's copies (after acquire()); withheld_box as DecodeKVProducer::load_tile's (a
+  // group's first box leaves out the group).
+  __device__ __forceinline__ void load_tile(const PagedKV& kv, const TileSource& t, int withheld_box = -1) {
     if (group_map != nullptr) {
       // One cache row per tile (pages of >= 64 tokens); the slots of a tile are consecutive.
 #pragma unroll 1
       for (int box = 0; box < kKvBoxesQK; box += kBoxesPerGroup) {
+        if (box == withheld_box) continue;
         const int slot = tile.slot(box);
         uint64_t* bar = &bars->full[slot];
         ptx::mbarrier_arrive_expect_tx(bar, kBoxesPerGroup * kKvBoxBytes);
@@ -327,6 +365,7 @@ struct BoxRingProducer {
     // Pages of < 64 tokens: box by box, each box one copy per page chunk.
 #pragma unroll 1
     for (int box = 0; box < kKvBoxesQK; ++box) {
+      if (box == withheld_box) continue;
       const int slot = tile.slot(box);
       uint64_t* bar = &bars->full[slot];
       ptx::mbarrier_arrive_expect_tx(bar, kKvBoxBytes);
@@ -337,16 +376,17 @@ struct BoxRingProducer {
   __device__ __forceinline__ int tile_stage() const { return tile.first; }
 };
 
-// Consumer side of a box ring.
-template <int kNumSlots>
+// Consumer side of a box ring; W: the wait policy (watchdog.cuh).
+template <int kNumSlots, typename W = NoWatchdog>
 struct BoxRingConsumer {
   BoxRingBarriers<kNumSlots>* bars;
   bool grouped = false;  // the producer loads grouped copies (its group_map is set)
+  W wd{};
 
   __device__ __forceinline__ void wait_box(const TileSlots<kNumSlots>& t, int box) const {
     // Grouped copies complete the barrier of the group's first box.
     const int leader = grouped ? box - box % kBoxesPerGroup : box;
-    ptx::mbarrier_wait(&bars->full[t.slot(leader)], t.phase_of(leader));
+    wd.wait(&bars->full[t.slot(leader)], t.phase_of(leader));
   }
   // This consumer is done with tile t (one arrival per consumer), after its MMAs reading it completed.
   __device__ __forceinline__ void release_tile(const TileSlots<kNumSlots>& t) const {

@@ -73,6 +73,23 @@ __device__ __forceinline__ bool mbarrier_test_wait(uint64_t* bar, uint32_t phase
   return done != 0;
 }
 
+// One bounded attempt: suspends until the phase with parity `phase` completes or a system-dependent
+// time limit passes; whether it completed (acquire when it has). For waits that must look at a
+// clock between attempts (common/watchdog.cuh).
+__device__ __forceinline__ bool mbarrier_try_wait(uint64_t* bar, uint32_t phase) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(phase)
+      : "memory");
+  return done != 0;
+}
+
 // ---- TMA ------------------------------------------------------------------------------------
 
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {

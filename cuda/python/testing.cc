@@ -1,10 +1,11 @@
 // jax_mla._ext.testing: hooks for tests and benchmarks, not used by the jax_mla package. The host
 // schedule planner, the schedule size, the kernel selection as a pure function, the settings
-// parser, and the CUDA handler's call counters.
+// parser, the CUDA handler's call counters, and a run of the self-check on demand.
 #include "python/testing.h"
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -16,7 +17,11 @@
 #include "common/scheduler.h"
 #include "runtime/call_stats.h"
 #include "runtime/kernel_select.h"
+#include "runtime/self_check.h"
 #include "runtime/settings.h"
+#ifdef JAX_MLA_WITH_CUDA
+#include "runtime/device.h"
+#endif
 
 namespace nb = nanobind;
 
@@ -116,6 +121,38 @@ nb::dict cuda_call_stats() {
   return d;
 }
 
+// The self-check of `kernel` on a device, now (runtime/device.h device_self_check).
+nb::dict run_self_check(int ordinal, const std::string& kernel, const std::string& mode, double watchdog_ms) {
+  Kernel k = Kernel::kAuto;
+  if (kernel == "sm90") k = Kernel::kSm90;
+  else if (kernel == "sm100") k = Kernel::kSm100;
+  else throw nb::value_error("kernel must be 'sm90' or 'sm100'");
+  SelfCheckMode m;
+  if (mode == "force") m = SelfCheckMode::kForce;
+  else if (mode == "fault") m = SelfCheckMode::kFault;
+  else if (mode == "hang") m = SelfCheckMode::kHang;
+  else throw nb::value_error("mode must be 'force', 'fault' or 'hang'");
+  if (!(watchdog_ms > 0 && watchdog_ms <= 60000)) throw nb::value_error("watchdog_ms must be in (0, 60000]");
+#ifdef JAX_MLA_WITH_CUDA
+  std::string error;
+  const SelfCheckReport r = device_self_check(ordinal, k, m, static_cast<uint64_t>(watchdog_ms * 1e6), &error);
+  if (!error.empty()) throw std::runtime_error(error);
+  nb::dict d;
+  d["passed"] = r.passed;
+  d["detail"] = r.detail;
+  d["watchdog_expired"] = r.watchdog_expired;
+  d["cases"] = r.cases;
+  d["seconds"] = r.seconds;
+  d["device_ms"] = r.device_ms;
+  return d;
+#else
+  (void)ordinal;
+  (void)k;
+  (void)m;
+  throw std::runtime_error("jax_mla: this build has no CUDA kernels");
+#endif
+}
+
 }  // namespace
 
 void define_testing(nb::module_ m) {
@@ -144,6 +181,13 @@ void define_testing(nb::module_ m) {
   m.def("parse_settings", &parse, nb::arg("kernel") = nb::none(), nb::arg("self_check") = nb::none(),
         nb::arg("cpu_isa") = nb::none(),
         "{variable: (text, error)}: the settings (runtime/settings.h) these values give; error '' when valid.");
+  m.def("run_self_check", &run_self_check, nb::arg("device_ordinal"), nb::arg("kernel"), nb::arg("mode") = "force",
+        nb::arg("watchdog_ms") = static_cast<double>(kSelfCheckWatchdogNs) / 1e6,
+        "Runs the self-check of kernel ('sm90' or 'sm100') against the portable kernel on a CUDA device now, "
+        "with mode 'force' (as it is), 'fault' (one output element corrupted) or 'hang' (one barrier arrival "
+        "withheld: the candidate's watchdog must end it) and a watchdog budget per candidate launch: {'passed', "
+        "'detail', 'watchdog_expired', 'cases', 'seconds', 'device_ms'}. The device's kernel selection is "
+        "unchanged. RuntimeError without CUDA or when the device cannot run the kernel.");
   m.def("cuda_call_stats", &cuda_call_stats,
         "{'decode_calls', 'decode_captured', 'sm90_fused_merge_launches'}: runs of the CUDA decode handler in "
         "this process, how many of them traced into a CUDA graph (XLA command buffers; graph replays do not "

@@ -36,7 +36,6 @@ BuiltKernels built_kernels() {
 
 cudaError_t setup_decode_kernels(int cc_major, int cc_minor) {
   if (cc_major < 8) return cudaSuccess;  // no kernel runs there (the selection refuses the call)
-  const BuiltKernels built = built_kernels();
   cudaError_t e = portable::setup_decode<__nv_bfloat16>();
   if (e == cudaSuccess) e = portable::setup_decode<__half>();
 #ifdef JAX_MLA_HAVE_SM90
@@ -45,14 +44,18 @@ cudaError_t setup_decode_kernels(int cc_major, int cc_minor) {
     if (e == cudaSuccess) e = sm90::setup_decode<__half>();
   }
 #endif
-#ifdef JAX_MLA_ANY_SM100
-  if (e == cudaSuccess && cc_major == 10 && ((cc_minor == 0 && built.sm100) || (cc_minor == 3 && built.sm103))) {
-    e = sm100::setup_decode<__nv_bfloat16>();
-    if (e == cudaSuccess) e = sm100::setup_decode<__half>();
-  }
-#endif
-  (void)built;
+  (void)cc_minor;
   return e;
+}
+
+cudaError_t setup_sm100_kernel() {
+#ifdef JAX_MLA_ANY_SM100
+  cudaError_t e = sm100::setup_decode<__nv_bfloat16>();
+  if (e == cudaSuccess) e = sm100::setup_decode<__half>();
+  return e;
+#else
+  return cudaErrorInvalidDeviceFunction;
+#endif
 }
 
 namespace {
@@ -69,7 +72,7 @@ bool make_decode_maps(const DecodeProblem& p, CUtensorMap* q_map, CUtensorMap* k
 }  // namespace
 
 LaunchStatus launch_decode_kernel(Kernel kernel, DecodeProblem p, int sm_count, int* merge_counters,
-                                  int32_t* schedule_scratch, cudaStream_t stream) {
+                                  int32_t* schedule_scratch, cudaStream_t stream, const WatchdogParams* watchdog) {
   LaunchStatus st;
   const bool bf16 = p.dtype == DType::kBF16;
   CUtensorMap q_map, kv_map, kv_group_map;
@@ -88,7 +91,7 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeProblem p, int sm_count, 
   // the arrival counters (sm90/split_merge.cuh): they start at zero, and no combine kernel follows.
 #ifdef JAX_MLA_HAVE_SM90
   const sm90::LaunchPlan sm90_plan =
-      sm90::make_launch_plan(p, sm_count, kernel == Kernel::kSm90 ? merge_counters : nullptr);
+      sm90::make_launch_plan(p, sm_count, kernel == Kernel::kSm90 && watchdog == nullptr ? merge_counters : nullptr);
   const bool fused_merge = sm90_plan.fused_merge;
 #else
   const bool fused_merge = false;
@@ -118,16 +121,17 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeProblem p, int sm_count, 
   switch (kernel) {
     case Kernel::kSm90:
 #ifdef JAX_MLA_HAVE_SM90
-      st.error = bf16 ? sm90::launch_decode<__nv_bfloat16>(p, sm90_plan, q_map, kv_map, kv_group_map, stream)
-                      : sm90::launch_decode<__half>(p, sm90_plan, q_map, kv_map, kv_group_map, stream);
+      st.error = bf16
+                     ? sm90::launch_decode<__nv_bfloat16>(p, sm90_plan, q_map, kv_map, kv_group_map, stream, watchdog)
+                     : sm90::launch_decode<__half>(p, sm90_plan, q_map, kv_map, kv_group_map, stream, watchdog);
 #else
       st.error = cudaErrorInvalidDeviceFunction;
 #endif
       break;
     case Kernel::kSm100:
 #ifdef JAX_MLA_ANY_SM100
-      st.error = bf16 ? sm100::launch_decode<__nv_bfloat16>(p, q_map, kv_map, stream)
-                      : sm100::launch_decode<__half>(p, q_map, kv_map, stream);
+      st.error = bf16 ? sm100::launch_decode<__nv_bfloat16>(p, q_map, kv_map, stream, watchdog)
+                      : sm100::launch_decode<__half>(p, q_map, kv_map, stream, watchdog);
 #else
       st.error = cudaErrorInvalidDeviceFunction;
 #endif

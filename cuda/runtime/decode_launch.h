@@ -9,13 +9,20 @@
 #include <cstdint>
 
 #include "common/problem.h"
+#include "common/watchdog_params.h"
 #include "runtime/kernel_select.h"
 
 namespace jax_mla {
 
-// One-time per-device setup of every decode kernel that can run on compute capability
-// (cc_major, cc_minor) in this build (opt-in shared memory). Call from the initialize stage.
+// One-time per-device setup (opt-in shared memory) of the portable kernel and, on compute capability
+// 9.0 in an sm_90a build, the SM90 kernel. Call from the initialize stage.
 cudaError_t setup_decode_kernels(int cc_major, int cc_minor);
+
+// The SM100 kernel's setup, for a device of compute capability 10.0 / 10.3 whose kernel is in the
+// build (cudaErrorInvalidDeviceFunction in a build without it). Separate from the others because its
+// failure must not fail the initialization: the kernel never ran on hardware, so a failure here is
+// a failed self-check and auto falls back to the portable kernel (runtime/device.cu).
+cudaError_t setup_sm100_kernel();
 
 struct LaunchStatus {
   cudaError_t error = cudaSuccess;
@@ -28,8 +35,11 @@ struct LaunchStatus {
 // p.schedule is null the schedule is planned on the device into schedule_scratch
 // (schedule_size(b, num_parts) int32) first. kernel: kSm90, kSm100 or kPortable. sm_count: the
 // device's SMs (0: unknown) for sizing grids; merge_counters: the workspace's SM90 merge counters
-// (nullptr: no in-kernel merge).
+// (nullptr: no in-kernel merge). watchdog (the self-check's candidate runs only): launch the SM90 /
+// SM100 kernel's instantiation whose barrier waits give up at a deadline (common/watchdog.cuh; no
+// in-kernel merge then); the portable kernel has no barrier waits and ignores it.
 LaunchStatus launch_decode_kernel(Kernel kernel, DecodeProblem p, int sm_count, int* merge_counters,
-                                  int32_t* schedule_scratch, cudaStream_t stream);
+                                  int32_t* schedule_scratch, cudaStream_t stream,
+                                  const WatchdogParams* watchdog = nullptr);
 
 }  // namespace jax_mla

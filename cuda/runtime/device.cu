@@ -52,9 +52,21 @@ Status init_device_locked(int device) {
   if (cudaError_t e = setup_decode_kernels(prop.major, prop.minor); e != cudaSuccess) {
     return cuda_status("decode kernel setup", e);
   }
-  const AutoCandidate candidate = auto_candidate(prop.major, prop.minor, built_kernels(), env.self_check.value);
+  const BuiltKernels built = built_kernels();
+  if (prop.major == 10 && ((prop.minor == 0 && built.sm100) || (prop.minor == 3 && built.sm103))) {
+    if (cudaError_t e = setup_sm100_kernel(); e != cudaSuccess) {
+      cudaGetLastError();  // not sticky: the portable kernel still runs on this context
+      info.sm100_setup_error = std::string("setup failed: ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+    }
+  }
+  const AutoCandidate candidate = auto_candidate(prop.major, prop.minor, built, env.self_check.value);
   if (candidate.needs_self_check) {
-    const SelfCheckReport report = run_self_check(candidate.kernel, env.self_check.value == SelfCheckMode::kFault);
+    SelfCheckReport report;
+    if (candidate.kernel == Kernel::kSm100 && !info.sm100_setup_error.empty()) {
+      report.detail = info.sm100_setup_error;  // a failed check, not a failed initialization
+    } else {
+      report = run_self_check(candidate.kernel, env.self_check.value);
+    }
     info.self_check_kernel = candidate.kernel;
     info.self_check = report.passed ? SelfCheckOutcome::kPassed : SelfCheckOutcome::kFailed;
     info.self_check_detail = report.detail;
@@ -103,7 +115,13 @@ Status ready_device(const char* target, const DeviceState** state) {
 }
 
 KernelSelection select_on(const DeviceState& state, int32_t kernel_attr) {
-  return select_kernel(state.cc_major, state.cc_minor, kernel_attr, settings(), built_kernels(), state.self_check);
+  KernelSelection sel =
+      select_kernel(state.cc_major, state.cc_minor, kernel_attr, settings(), built_kernels(), state.self_check);
+  // Auto never gets here with sm100 after a failed setup (its self-check failed); an explicit request does.
+  if (sel.ok() && sel.kernel == Kernel::kSm100 && !state.sm100_setup_error.empty()) {
+    sel.error = "kernel 'sm100' cannot run on this device: its " + state.sm100_setup_error;
+  }
+  return sel;
 }
 
 bool stream_capturing(cudaStream_t stream) {
@@ -159,6 +177,26 @@ DeviceKernelInfo device_kernel_info(int ordinal) {
     r.fell_back = sel.fell_back;
   }
   return r;
+}
+
+SelfCheckReport device_self_check(int ordinal, Kernel kernel, SelfCheckMode mode, uint64_t watchdog_budget_ns,
+                                  std::string* error) {
+  if (kernel != Kernel::kSm90 && kernel != Kernel::kSm100) {
+    *error = "jax_mla: the self-check compares the sm90 or sm100 kernel with the portable one";
+    return {};
+  }
+  const DeviceKernelInfo info = device_kernel_info(ordinal);  // sets the device and initializes it
+  if (!info.error.empty()) {
+    *error = info.error;
+    return {};
+  }
+  std::lock_guard<std::mutex> lock(g_devices_mutex);  // no initialization of another device meanwhile
+  const KernelSelection sel = select_on(g_devices[ordinal].state, static_cast<int32_t>(kernel));
+  if (!sel.error.empty()) {
+    *error = "jax_mla: " + sel.error;
+    return {};
+  }
+  return run_self_check(kernel, mode, watchdog_budget_ns);
 }
 
 }  // namespace jax_mla

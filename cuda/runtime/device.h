@@ -14,6 +14,7 @@
 #include <string>
 
 #include "runtime/kernel_select.h"
+#include "runtime/self_check.h"
 
 namespace jax_mla {
 
@@ -31,6 +32,9 @@ struct DeviceState {
   SelfCheckOutcome self_check = SelfCheckOutcome::kNotRun;
   Kernel self_check_kernel = Kernel::kAuto;  // the kernel that was checked (kAuto: none)
   std::string self_check_detail;             // why it failed
+  // Non-empty: the SM100 kernel's setup failed on this device ("setup failed: <error>"); auto's
+  // self-check then fails with it, and an explicit sm100 request is refused.
+  std::string sm100_setup_error;
 };
 
 // Initializes the current CUDA device for jax_mla if that has not happened yet (the FFI initialize
@@ -64,5 +68,12 @@ struct DeviceKernelInfo {
 // Initializes CUDA device `ordinal` for jax_mla if no jax_mla op did yet (the same work as the FFI
 // initialize stage), then reports its selection.
 DeviceKernelInfo device_kernel_info(int ordinal);
+
+// A test hook (jax_mla._ext.testing.run_self_check): initializes device `ordinal` like
+// device_kernel_info, then runs the self-check of `kernel` (sm90 or sm100, which the device must be
+// able to run) there again, now, with `mode` and a watchdog budget, and reports it; the device's
+// selection is unchanged. *error is set (and the report empty) when the check cannot run.
+SelfCheckReport device_self_check(int ordinal, Kernel kernel, SelfCheckMode mode, uint64_t watchdog_budget_ns,
+                                  std::string* error);
 
 }  // namespace jax_mla

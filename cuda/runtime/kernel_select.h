@@ -6,7 +6,7 @@
 //
 // Precedence: the kernel argument when it is not "auto", else JAX_MLA_KERNEL when set (and not
 // "auto"), else the automatic choice:
-//   9.0        -> sm90 (with JAX_MLA_SELFCHECK=force|fault only after it passed the self-check)
+//   9.0        -> sm90 (with JAX_MLA_SELFCHECK=force|fault|hang only after it passed the self-check)
 //   10.0, 10.3 -> sm100, only after it passed the self-check against the portable kernel; a
 //                 failed self-check falls back to portable (the handler warns once on stderr)
 //   >= 8.0     -> portable (also 9.0 / 10.x when this build lacks their kernel)
@@ -56,8 +56,9 @@ BuiltKernels built_kernels();
 
 // JAX_MLA_SELFCHECK (runtime/settings.h): kDefault (self-check only what auto needs it for, i.e.
 // sm100), kForce (also the SM90 kernel on 9.0), kFault (as force, with the candidate's result
-// corrupted before the comparison).
-enum class SelfCheckMode : int { kDefault = 0, kForce = 1, kFault = 2 };
+// corrupted before the comparison), kHang (as force, with one barrier arrival of the candidate
+// withheld, so its watchdog ends it: runtime/self_check.h).
+enum class SelfCheckMode : int { kDefault = 0, kForce = 1, kFault = 2, kHang = 3 };
 
 enum class SelfCheckOutcome : int { kNotRun = 0, kPassed = 1, kFailed = 2 };
 inline constexpr const char* kSelfCheckNames[3] = {"not run", "passed", "failed"};

@@ -1,239 +1,271 @@
-// See self_check.h. The problem: bf16 and fp16, b = 3 requests of lengths 0, 45 and 301 (s_q = 2,
-// h_q = 16, causal, page size 32 so one 64-token tile spans two pages, pages in shuffled order),
-// num_parts = 3 so the long request is split and the combine runs; every cache row past a length
-// and every unused page holds NaN, so a kernel that lets such rows reach the output fails.
-// Criteria: the same empty rows (out exactly 0, lse -inf), everything else finite, out within a
-// relative L2 error of 2e-2 and lse within 1e-3 (relative, at least absolute) of the portable kernel
-// (both round P to 16 bits; they only differ in fp32 summation order).
+// See self_check.h. The problems are the cases of runtime/self_check_cases.h (each in bf16 and fp16),
+// run one after the other through the launch path of the execute stage (runtime/decode_launch.h):
+// the candidate's watchdog instantiation first, then the portable kernel, on the same inputs, in one
+// stream-ordered allocation sized for the largest case (a few MB).
+// Criteria, per case: the device computed the schedule the case table names (so the CPU test's
+// coverage claims hold for what ran); the candidate's watchdog did not expire; the same NaN rows
+// (the requests with a bad page id: every out and lse value NaN) and the same empty rows (out
+// exactly 0, lse -inf); everything else finite; out within a relative L2 error of 2e-2 over the
+// case and 5e-2 in every row, lse within 1e-3 (relative, at least absolute) of the portable kernel
+// (both round P to 16 bits; they differ in fp32 summation order and in the reference max P is
+// taken against).
 #include "runtime/self_check.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "common/problem.h"
 #include "common/scheduler.h"
+#include "common/watchdog_params.h"
 #include "common/workspace.h"
 #include "runtime/decode_launch.h"
+#include "runtime/self_check_cases.h"
 
 namespace jax_mla {
 namespace {
 
-constexpr int kBatch = 3, kSeqQ = 2, kHeads = 16, kRows = kSeqQ * kHeads, kPage = 32, kParts = 3;
-constexpr int kLens[kBatch] = {0, 45, 301};
-constexpr int kMaxPages = (301 + kPage - 1) / kPage + 1;  // one poisoned column past the longest
-constexpr int kNumPages = 2 + 10 + 3;                     // used pages + 3 unused (NaN)
+using self_check::Case;
+using self_check::Inputs;
+using self_check::Layout;
 
-struct Lcg {  // deterministic inputs, no dependency on a host RNG library
-  uint64_t s = 0x9E3779B97F4A7C15ull;
-  uint32_t next() {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    return static_cast<uint32_t>(s >> 33);
-  }
-  float uniform() { return (next() & 0xFFFFFF) / 8388608.f - 1.f; }  // [-1, 1)
-};
-
-template <typename Element>
-uint16_t to_bits(float x) {
-  Element e;
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) e = __float2bfloat16(x);
-  else e = __float2half(x);
-  uint16_t b;
-  std::memcpy(&b, &e, 2);
-  return b;
-}
-
-template <typename Element>
-float from_bits(uint16_t b) {
-  Element e;
-  std::memcpy(&e, &b, 2);
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) return __bfloat162float(e);
-  else return __half2float(e);
-}
-
-struct Problem {
-  std::vector<uint16_t> q;       // (b, s_q, h_q, 576)
-  std::vector<uint16_t> kv;      // (num_pages, page, 576)
-  std::vector<int32_t> table;    // (b, max_pages)
-  std::vector<int32_t> lens;     // (b,)
-};
-
-template <typename Element>
-Problem make_problem() {
-  Problem pr;
-  Lcg rng;
-  pr.q.resize(static_cast<size_t>(kBatch) * kRows * kHeadDimQK);
-  for (auto& x : pr.q) x = to_bits<Element>(rng.uniform());
-  pr.kv.assign(static_cast<size_t>(kNumPages) * kPage * kHeadDimQK, to_bits<Element>(NAN));
-  // Pages in a shuffled order (Fisher-Yates with the LCG); unused table columns are invalid ids.
-  std::vector<int32_t> ids(kNumPages);
-  for (int i = 0; i < kNumPages; ++i) ids[i] = i;
-  for (int i = kNumPages - 1; i > 0; --i) std::swap(ids[i], ids[rng.next() % (i + 1)]);
-  pr.table.assign(static_cast<size_t>(kBatch) * kMaxPages, -1);
-  int next = 0;
-  for (int r = 0; r < kBatch; ++r) {
-    for (int i = 0; i * kPage < kLens[r]; ++i) {
-      const int page = ids[next++];
-      pr.table[r * kMaxPages + i] = page;
-      for (int row = 0; row < kPage && i * kPage + row < kLens[r]; ++row)
-        for (int c = 0; c < kHeadDimQK; ++c)
-          pr.kv[(static_cast<size_t>(page) * kPage + row) * kHeadDimQK + c] = to_bits<Element>(rng.uniform());
-    }
-  }
-  pr.lens.assign(kLens, kLens + kBatch);
-  return pr;
-}
+// Fault injection of JAX_MLA_SELFCHECK=hang: the CTA-local tile whose box 0 never arrives (every
+// CTA of the first case has at least two tiles).
+constexpr int kHangTile = 1;
 
 struct Result {
   std::vector<float> out;  // (b * rows, 512)
   std::vector<float> lse;  // (b * rows)
 };
 
-// Device buffers of one run; one stream-ordered allocation.
-struct Buffers {
-  uint8_t* base = nullptr;
-  size_t q, kv, table, lens, out, lse, ws, total;
-};
-
-Buffers layout() {
-  Buffers b;
-  size_t off = 0;
-  auto take = [&](size_t bytes) { const size_t at = off; off += (bytes + 255) / 256 * 256; return at; };
-  b.q = take(static_cast<size_t>(kBatch) * kRows * kHeadDimQK * 2);
-  b.kv = take(static_cast<size_t>(kNumPages) * kPage * kHeadDimQK * 2);
-  b.table = take(kBatch * kMaxPages * 4);
-  b.lens = take(kBatch * 4);
-  b.out = take(static_cast<size_t>(kBatch) * kRows * kHeadDimV * 2);
-  b.lse = take(kBatch * kRows * 4);
-  b.ws = take(static_cast<size_t>(workspace_layout(kBatch, kRows, kParts).total_bytes));
-  b.total = off;
-  return b;
-}
-
 std::string cuda_failure(const char* what, cudaError_t e) {
   cudaGetLastError();  // clear a non-sticky error so it does not surface in an unrelated call
   return std::string(what) + ": " + cudaGetErrorName(e);
 }
 
-template <typename Element>
-bool run_one(Kernel kernel, const Buffers& b, cudaStream_t stream, Result* res, std::string* error) {
+// What one kernel's run of one case needs.
+struct RunContext {
+  const Case& c;
+  DType dtype;
+  const Inputs& in;
+  const Layout& at;
+  uint8_t* base;  // the allocation
+  cudaStream_t stream;
+  cudaEvent_t start, stop;
+};
+
+DecodeProblem problem_of(const RunContext& r) {
+  const Case& c = r.c;
   DecodeProblem p{};
-  p.batch = kBatch;
-  p.seq_q = kSeqQ;
-  p.heads_q = kHeads;
-  p.rows = kRows;
-  p.num_pages = kNumPages;
-  p.page_size = kPage;
-  p.max_pages = kMaxPages;
-  p.num_parts = kParts;
-  p.dtype = std::is_same_v<Element, __nv_bfloat16> ? DType::kBF16 : DType::kF16;
-  p.softmax_scale = 1.f / 24.f;  // 576 ** -0.5
-  p.causal = true;
-  p.q = b.base + b.q;
-  p.kv_cache = b.base + b.kv;
-  p.block_table = reinterpret_cast<const int32_t*>(b.base + b.table);
-  p.seq_lens = reinterpret_cast<const int32_t*>(b.base + b.lens);
+  p.batch = c.batch;
+  p.seq_q = c.seq_q;
+  p.heads_q = c.heads_q;
+  p.rows = c.rows();
+  p.num_pages = r.in.num_pages;
+  p.page_size = c.page_size;
+  p.max_pages = r.in.max_pages;
+  p.num_parts = c.num_parts;
+  p.dtype = r.dtype;
+  p.softmax_scale = self_check::kSoftmaxScale;
+  p.causal = c.causal;
+  p.q = r.base + r.at.q;
+  p.kv_cache = r.base + r.at.kv;
+  p.block_table = reinterpret_cast<const int32_t*>(r.base + r.at.table);
+  p.seq_lens = reinterpret_cast<const int32_t*>(r.base + r.at.lens);
   p.schedule = nullptr;  // planned in the op, as by default
-  p.out = b.base + b.out;
-  p.lse = reinterpret_cast<float*>(b.base + b.lse);
-  const WorkspaceLayout w = workspace_layout(kBatch, kRows, kParts);
-  uint8_t* ws = b.base + b.ws;
+  p.out = r.base + r.at.out;
+  p.lse = reinterpret_cast<float*>(r.base + r.at.lse);
+  const WorkspaceLayout w = workspace_layout(c.batch, c.rows(), c.num_parts);
+  uint8_t* ws = r.base + r.at.workspace;
   p.partial_lse = reinterpret_cast<float*>(ws + w.partial_lse_offset);
   p.partial_out = reinterpret_cast<float*>(ws + w.partial_out_offset);
+  return p;
+}
+
+// One kernel on the case; `watchdog` for the candidate. Fills res, adds the kernels' device time to
+// *device_ms; when schedule is given, also returns the schedule the device planned, and when
+// expired is given, the watchdog's flag.
+bool run_one(const RunContext& r, Kernel kernel, const WatchdogParams* watchdog, Result* res, float* device_ms,
+             std::vector<int32_t>* schedule, int* expired, std::string* error) {
+  const DecodeProblem p = problem_of(r);
+  const size_t rows = static_cast<size_t>(p.batch) * p.rows;
   // Poison the outputs so a kernel that skips rows is caught.
-  cudaError_t e = cudaMemsetAsync(b.base + b.out, 0xFF, static_cast<size_t>(kBatch) * kRows * kHeadDimV * 2, stream);
-  if (e == cudaSuccess) e = cudaMemsetAsync(b.base + b.lse, 0xFF, kBatch * kRows * 4, stream);
+  cudaError_t e = cudaMemsetAsync(r.base + r.at.out, 0xFF, rows * kHeadDimV * 2, r.stream);
+  if (e == cudaSuccess) e = cudaMemsetAsync(r.base + r.at.lse, 0xFF, rows * 4, r.stream);
+  if (e == cudaSuccess) e = cudaMemsetAsync(r.base + r.at.expired, 0, 4, r.stream);
+  if (e == cudaSuccess) e = cudaEventRecord(r.start, r.stream);
   if (e != cudaSuccess) return *error = cuda_failure("cudaMemsetAsync", e), false;
-  const LaunchStatus st = launch_decode_kernel(kernel, p, /*sm_count=*/0, /*merge_counters=*/nullptr,
-                                               reinterpret_cast<int32_t*>(ws + w.schedule_offset), stream);
+  int32_t* schedule_scratch =
+      reinterpret_cast<int32_t*>(r.base + r.at.workspace + workspace_layout(p.batch, p.rows, p.num_parts).schedule_offset);
+  const LaunchStatus st = launch_decode_kernel(kernel, p, /*sm_count=*/0, /*merge_counters=*/nullptr, schedule_scratch,
+                                               r.stream, watchdog);
   if (!st.ok()) {
     *error = st.error != cudaSuccess ? cuda_failure(st.what, st.error) : std::string(st.what);
     return false;
   }
-  std::vector<uint16_t> out(static_cast<size_t>(kBatch) * kRows * kHeadDimV);
-  res->lse.resize(kBatch * kRows);
-  e = cudaMemcpyAsync(out.data(), b.base + b.out, out.size() * 2, cudaMemcpyDeviceToHost, stream);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(res->lse.data(), b.base + b.lse, res->lse.size() * 4, cudaMemcpyDeviceToHost, stream);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
-  if (e != cudaSuccess) return *error = cuda_failure(kernel == Kernel::kPortable ? "portable run" : "candidate run", e), false;
+  std::vector<uint16_t> out(rows * kHeadDimV);
+  res->lse.resize(rows);
+  e = cudaEventRecord(r.stop, r.stream);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(out.data(), p.out, out.size() * 2, cudaMemcpyDeviceToHost, r.stream);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(res->lse.data(), p.lse, rows * 4, cudaMemcpyDeviceToHost, r.stream);
+  if (e == cudaSuccess && schedule != nullptr) {
+    schedule->resize(static_cast<size_t>(schedule_size(p.batch, p.num_parts)));
+    e = cudaMemcpyAsync(schedule->data(), schedule_scratch, schedule->size() * 4, cudaMemcpyDeviceToHost, r.stream);
+  }
+  if (e == cudaSuccess && expired != nullptr) {
+    e = cudaMemcpyAsync(expired, r.base + r.at.expired, 4, cudaMemcpyDeviceToHost, r.stream);
+  }
+  if (e == cudaSuccess) e = cudaStreamSynchronize(r.stream);
+  float ms = 0.f;
+  if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, r.start, r.stop);
+  if (e != cudaSuccess) {
+    return *error = cuda_failure(kernel == Kernel::kPortable ? "portable run" : "candidate run", e), false;
+  }
+  *device_ms += ms;
   res->out.resize(out.size());
-  for (size_t i = 0; i < out.size(); ++i) res->out[i] = from_bits<Element>(out[i]);
+  for (size_t i = 0; i < out.size(); ++i) res->out[i] = self_check::from_bits(out[i], r.dtype);
   return true;
 }
 
-// Empty string when `got` (candidate) agrees with `want` (portable).
-std::string compare(const Result& got, const Result& want) {
+// Empty string when `got` (candidate) agrees with `want` (portable) on case c.
+std::string compare(const Case& c, const Result& got, const Result& want) {
   double num = 0, den = 0;
-  for (int row = 0; row < kBatch * kRows; ++row) {
+  const int rows = c.batch * c.rows();
+  for (int row = 0; row < rows; ++row) {
+    const std::string at = " at request " + std::to_string(row / c.rows()) + " row " + std::to_string(row % c.rows());
     const float gl = got.lse[row], wl = want.lse[row];
+    const float* g = &got.out[static_cast<size_t>(row) * kHeadDimV];
+    const float* w = &want.out[static_cast<size_t>(row) * kHeadDimV];
+    if (row / c.rows() == c.bad_request) {  // a bad page id: NaN everywhere, in both
+      if (!std::isnan(wl)) return "the portable kernel's lse is not NaN for a bad page id" + at;
+      if (!std::isnan(gl)) return "lse is not NaN for a bad page id" + at;
+      for (int col = 0; col < kHeadDimV; ++col) {
+        if (!std::isnan(g[col])) return "out is not NaN for a bad page id" + at;
+      }
+      continue;
+    }
     const bool empty = wl == -INFINITY;
-    if (std::isnan(wl) || (!empty && !std::isfinite(wl))) return "the portable kernel's lse is not finite at row " + std::to_string(row);
-    if (empty != (gl == -INFINITY)) return "lse -inf pattern differs at row " + std::to_string(row);
+    if (std::isnan(wl) || (!empty && !std::isfinite(wl))) return "the portable kernel's lse is not finite" + at;
+    if (empty != (gl == -INFINITY)) return "lse -inf pattern differs" + at;
     if (!empty && !(std::fabs(gl - wl) <= 1e-3f * std::fmax(1.f, std::fabs(wl)))) {
-      return "lse differs at row " + std::to_string(row) + " (" + std::to_string(gl) + " vs " + std::to_string(wl) + ")";
+      return "lse differs" + at + " (" + std::to_string(gl) + " vs " + std::to_string(wl) + ")";
     }
-    for (int c = 0; c < kHeadDimV; ++c) {
-      const float g = got.out[static_cast<size_t>(row) * kHeadDimV + c];
-      const float w = want.out[static_cast<size_t>(row) * kHeadDimV + c];
-      if (!std::isfinite(g)) return "out is not finite at row " + std::to_string(row);
-      if (empty && g != 0.f) return "out is not 0 on the empty row " + std::to_string(row);
-      num += (static_cast<double>(g) - w) * (static_cast<double>(g) - w);
-      den += static_cast<double>(w) * w;
+    double row_num = 0, row_den = 0;
+    for (int col = 0; col < kHeadDimV; ++col) {
+      if (!std::isfinite(g[col])) return "out is not finite" + at;
+      if (empty && g[col] != 0.f) return "out is not 0 on an empty row" + at;
+      row_num += (static_cast<double>(g[col]) - w[col]) * (static_cast<double>(g[col]) - w[col]);
+      row_den += static_cast<double>(w[col]) * w[col];
     }
+    if (!empty && !(std::sqrt(row_num / (row_den > 0 ? row_den : 1e-30)) <= 5e-2)) {
+      return "out differs" + at + " (relative L2 error " + std::to_string(std::sqrt(row_num / row_den)) + " > 0.05)";
+    }
+    num += row_num;
+    den += row_den;
   }
   const double rel = std::sqrt(num / (den > 0 ? den : 1e-30));
   if (!(rel <= 2e-2)) return "out differs (relative L2 error " + std::to_string(rel) + " > 0.02)";
   return "";
 }
 
-template <typename Element>
-std::string check_dtype(Kernel candidate, bool inject_fault, const Buffers& b, cudaStream_t stream) {
-  const Problem pr = make_problem<Element>();
-  cudaError_t e = cudaMemcpyAsync(b.base + b.q, pr.q.data(), pr.q.size() * 2, cudaMemcpyHostToDevice, stream);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(b.base + b.kv, pr.kv.data(), pr.kv.size() * 2, cudaMemcpyHostToDevice, stream);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(b.base + b.table, pr.table.data(), pr.table.size() * 4, cudaMemcpyHostToDevice, stream);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(b.base + b.lens, pr.lens.data(), pr.lens.size() * 4, cudaMemcpyHostToDevice, stream);
+// The first row with a visible key and no bad page id (where the fault mode corrupts the candidate).
+int first_checked_row(const Case& c, const Result& want) {
+  for (int row = 0; row < c.batch * c.rows(); ++row) {
+    if (row / c.rows() != c.bad_request && std::isfinite(want.lse[row])) return row;
+  }
+  return 0;
+}
+
+struct CheckState {
+  Kernel candidate;
+  SelfCheckMode mode;
+  uint64_t budget_ns;
+  bool fault_injected = false;
+  SelfCheckReport* report;
+};
+
+std::string check_case(CheckState& s, const Case& c, DType dtype, uint8_t* base, cudaStream_t stream,
+                       cudaEvent_t start, cudaEvent_t stop) {
+  const Inputs in = self_check::make_inputs(c, dtype);
+  const Layout at = self_check::layout_of(c);
+  cudaError_t e = cudaMemcpyAsync(base + at.q, in.q.data(), in.q.size() * 2, cudaMemcpyHostToDevice, stream);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(base + at.kv, in.kv.data(), in.kv.size() * 2, cudaMemcpyHostToDevice, stream);
+  if (e == cudaSuccess) {
+    e = cudaMemcpyAsync(base + at.table, in.table.data(), in.table.size() * 4, cudaMemcpyHostToDevice, stream);
+  }
+  if (e == cudaSuccess) e = cudaMemcpyAsync(base + at.lens, in.lens.data(), in.lens.size() * 4, cudaMemcpyHostToDevice, stream);
   if (e != cudaSuccess) return cuda_failure("cudaMemcpyAsync", e);
+  const RunContext run{c, dtype, in, at, base, stream, start, stop};
+
+  WatchdogParams watchdog;
+  watchdog.budget_ns = s.budget_ns;
+  watchdog.expired = reinterpret_cast<int*>(base + at.expired);
+  watchdog.withhold_tile = s.mode == SelfCheckMode::kHang ? kHangTile : -1;
   Result got, want;
+  std::vector<int32_t> schedule;
+  int expired = 0;
   std::string error;
-  if (!run_one<Element>(candidate, b, stream, &got, &error)) return error;
-  if (!run_one<Element>(Kernel::kPortable, b, stream, &want, &error)) return error;
-  if (inject_fault) got.out[static_cast<size_t>(kRows) * kHeadDimV] += 1.f;  // request 1, row 0, column 0
-  return compare(got, want);
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool ran =
+      run_one(run, s.candidate, &watchdog, &got, &s.report->device_ms, &schedule, &expired, &error);
+  const double candidate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!ran) return error;
+  if (expired != 0) {
+    s.report->watchdog_expired = true;
+    return "the watchdog expired: a barrier wait of the " + std::string(kernel_name(s.candidate)) +
+           " kernel did not complete within " + std::to_string(s.budget_ns / 1000000) + " ms (the run took " +
+           std::to_string(static_cast<int>(candidate_s * 1000)) + " ms)";
+  }
+  if (schedule != self_check::schedule_of(c)) return "the device's schedule differs from the host plan";
+  if (!run_one(run, Kernel::kPortable, nullptr, &want, &s.report->device_ms, nullptr, nullptr, &error)) return error;
+  if (s.mode == SelfCheckMode::kFault && !s.fault_injected) {
+    got.out[static_cast<size_t>(first_checked_row(c, want)) * kHeadDimV] += 1.f;
+    s.fault_injected = true;
+  }
+  return compare(c, got, want);
 }
 
 }  // namespace
 
-SelfCheckReport run_self_check(Kernel candidate, bool inject_fault) {
+SelfCheckReport run_self_check(Kernel candidate, SelfCheckMode mode, uint64_t watchdog_budget_ns) {
+  const auto t0 = std::chrono::steady_clock::now();
   SelfCheckReport report;
+  CheckState state{candidate, mode, watchdog_budget_ns, false, &report};
   cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
   cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaEventCreate(&start);
+  if (e == cudaSuccess) e = cudaEventCreate(&stop);
+  uint8_t* base = nullptr;
   if (e != cudaSuccess) {
-    report.detail = cuda_failure("cudaStreamCreateWithFlags", e);
-    return report;
-  }
-  Buffers b = layout();
-  e = cudaMallocAsync(reinterpret_cast<void**>(&b.base), b.total, stream);
-  if (e != cudaSuccess) {
+    report.detail = cuda_failure("cudaStreamCreateWithFlags / cudaEventCreate", e);
+  } else if ((e = cudaMallocAsync(reinterpret_cast<void**>(&base), self_check::device_bytes(), stream)) != cudaSuccess) {
     report.detail = cuda_failure("cudaMallocAsync", e);
   } else {
-    std::string d = check_dtype<__nv_bfloat16>(candidate, inject_fault, b, stream);
-    if (!d.empty()) d = "bfloat16: " + d;
-    if (d.empty()) {
-      d = check_dtype<__half>(candidate, inject_fault, b, stream);
-      if (!d.empty()) d = "float16: " + d;
+    for (DType dtype : self_check::kDTypes) {
+      for (const Case& c : self_check::cases()) {
+        const std::string d = check_case(state, c, dtype, base, stream, start, stop);
+        if (!d.empty()) {
+          report.detail = std::string(self_check::dtype_name(dtype)) + ", case '" + c.name + "': " + d;
+          break;
+        }
+        ++report.cases;
+      }
+      if (!report.detail.empty()) break;
     }
-    report.detail = d;
-    report.passed = d.empty();
-    cudaFreeAsync(b.base, stream);
+    report.passed = report.detail.empty();
+    cudaFreeAsync(base, stream);
   }
-  if (cudaStreamSynchronize(stream) != cudaSuccess || cudaStreamDestroy(stream) != cudaSuccess) cudaGetLastError();
+  if (stream != nullptr && (cudaStreamSynchronize(stream) != cudaSuccess || cudaStreamDestroy(stream) != cudaSuccess)) {
+    cudaGetLastError();
+  }
+  if (start != nullptr) cudaEventDestroy(start);
+  if (stop != nullptr) cudaEventDestroy(stop);
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
 }
 

@@ -38,9 +38,9 @@ Settings parse_settings(const char* kernel, const char* self_check, const char* 
   Settings s;
   constexpr Kernel kKernels[kNumKernels] = {Kernel::kAuto, Kernel::kSm90, Kernel::kSm100, Kernel::kPortable};
   parse_choice(kSettingNames[0], kernel, kKernelNames, kKernels, kNumKernels, &s.kernel);
-  constexpr const char* kModes[] = {"force", "fault"};
-  constexpr SelfCheckMode kModeValues[] = {SelfCheckMode::kForce, SelfCheckMode::kFault};
-  parse_choice(kSettingNames[1], self_check, kModes, kModeValues, 2, &s.self_check);
+  constexpr const char* kModes[] = {"force", "fault", "hang"};
+  constexpr SelfCheckMode kModeValues[] = {SelfCheckMode::kForce, SelfCheckMode::kFault, SelfCheckMode::kHang};
+  parse_choice(kSettingNames[1], self_check, kModes, kModeValues, 3, &s.self_check);
   constexpr const char* kIsas[] = {"generic"};
   constexpr CpuIsa kIsaValues[] = {CpuIsa::kGeneric};
   parse_choice(kSettingNames[2], cpu_isa, kIsas, kIsaValues, 1, &s.cpu_isa);

@@ -8,8 +8,9 @@
 //                      (runtime/kernel_select.h).
 //   JAX_MLA_SELFCHECK  unset or empty (self-check only what "auto" needs it for: sm100 on 10.x),
 //                      'force' (also the sm90 kernel on 9.0, so the self-check can be exercised on
-//                      H100 / H200) or 'fault' (as force, and the candidate's result is corrupted
-//                      before the comparison, to exercise the fallback). CUDA only.
+//                      H100 / H200), 'fault' (as force, and the candidate's result is corrupted
+//                      before the comparison, to exercise the fallback) or 'hang' (as force, and the
+//                      candidate withholds one barrier arrival, to exercise its watchdog). CUDA only.
 //   JAX_MLA_CPU_ISA    unset or empty (AVX2 + FMA block products where the CPU has them) or
 //                      'generic' (the baseline ones, to test them on any machine). CPU only. The
 //                      CPU kernel reads the value itself (cpu/block_gemm_generic.cc); the CPU

@@ -40,9 +40,9 @@ __device__ __forceinline__ void rescale_o(uint32_t tmem, uint32_t lane_base, flo
   tc::wait_st();
 }
 
-template <typename Element>
+template <typename Element, typename W>
 __device__ __forceinline__ void correction_main(SharedStorage<Element>& s, const DecodeProblem& p,
-                                                const PartWork& work, int m_block, uint32_t tmem) {
+                                                const PartWork& work, int m_block, uint32_t tmem, const W& wd) {
   const int thread = threadIdx.x - kCorrectionWarp0 * 32;  // 0..127
   const int quarter = thread / 32;
   const int row = 32 * (quarter & 1) + (thread % 32);
@@ -58,10 +58,10 @@ __device__ __forceinline__ void correction_main(SharedStorage<Element>& s, const
     ptx::mbarrier_arrive(&s.o_ready);  // P V_0 of this piece overwrites O
 #pragma unroll 1
     for (int t = 1; t < n; ++t) {
-      ptx::mbarrier_wait(&s.alpha_full[ev & 1], (ev >> 1) & 1);
+      wd.wait(&s.alpha_full[ev & 1], (ev >> 1) & 1);
       const float alpha = s.alpha[ev & 1][row];
       ++ev;
-      ptx::mbarrier_wait(&s.o_full, o_phase);  // P V_{t-1} complete
+      wd.wait(&s.o_full, o_phase);  // P V_{t-1} complete
       o_phase ^= 1;
       tc::fence_after_thread_sync();
       if (__any_sync(0xffffffffu, alpha != 1.f)) rescale_o(tmem, lane_base, alpha);
@@ -71,8 +71,8 @@ __device__ __forceinline__ void correction_main(SharedStorage<Element>& s, const
 
     // Epilogue.
     const int pp = piece_count & 1;
-    ptx::mbarrier_wait(&s.stats_full[pp], (piece_count >> 1) & 1);
-    ptx::mbarrier_wait(&s.o_full, o_phase);  // P V_{n-1} complete
+    wd.wait(&s.stats_full[pp], (piece_count >> 1) & 1);
+    wd.wait(&s.o_full, o_phase);  // P V_{n-1} complete
     o_phase ^= 1;
     tc::fence_after_thread_sync();
     const RowResult res =

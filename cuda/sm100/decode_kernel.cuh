@@ -22,16 +22,21 @@
 //   o_full                commit after P V   -> correction (rescale of the next tile, epilogue)
 //   alpha_full[2]         64 softmax arrivals (one per row) -> correction
 //   stats_full[2]         128 softmax arrivals at a piece's end -> epilogue
+//
+// kWatchdog: the self-check's instantiation, whose every barrier wait gives up at a deadline
+// (common/watchdog.cuh) so that a hang becomes a failed check; production instantiates false.
 #pragma once
 
 #include <cstdint>
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <type_traits>
 
 #include "../common/config.h"
 #include "../common/kv_producer.cuh"
 #include "../common/problem.h"
 #include "../common/ptx.cuh"
+#include "../common/watchdog.cuh"
 #include "../common/work_iterator.h"
 #include "config.h"
 #include "correction.cuh"
@@ -54,11 +59,13 @@
 
 namespace jax_mla::sm100 {
 
-template <typename Element>
+template <typename Element, bool kWatchdog>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const __grid_constant__ DecodeProblem p, const __grid_constant__ CUtensorMap q_map,
-                  const __grid_constant__ CUtensorMap kv_map) {
+                  const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ WatchdogParams watchdog) {
 #if JAX_MLA_SM100_DEVICE
+  using W = std::conditional_t<kWatchdog, Watchdog, NoWatchdog>;
+  const W wd = W::start(watchdog);
   extern __shared__ uint8_t smem_raw[];
   auto& s = *reinterpret_cast<SharedStorage<Element>*>(ptx::align_dynamic_smem<1024>(smem_raw));
   // Warp-uniform by construction (a shuffle from lane 0).
@@ -100,17 +107,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   const PartWork work(p.schedule, p.num_parts, blockIdx.x, p.seq_lens);
   const int m_block = blockIdx.y;
   if (warp == kProducerWarp) {
-    if (lane == 0) producer_main(s, p, &q_map, &kv_map, work, m_block);
+    if (lane == 0) producer_main(s, p, &q_map, &kv_map, work, m_block, wd);
   } else if (warp == kMmaWarp) {
-    if (lane == 0) mma_main(s, work, tmem);
+    if (lane == 0) mma_main(s, work, tmem, wd);
   } else if (warp >= kSoftmaxWarp0 && warp < kSoftmaxWarp0 + 4) {
-    softmax_main(s, p, work, m_block, tmem);
+    softmax_main(s, p, work, m_block, tmem, wd);
   } else if (warp >= kCorrectionWarp0) {
-    correction_main(s, p, work, m_block, tmem);
+    correction_main(s, p, work, m_block, tmem, wd);
   }
 
   // Teardown: the epilogue waited for the last P V, which completes after every other MMA of this CTA
-  // (tcgen05.commit tracks all earlier MMAs of the issuing thread), and its TMEM loads are done.
+  // (tcgen05.commit tracks all earlier MMAs of the issuing thread), and its TMEM loads are done. An
+  // expired watchdog instantiation did not wait: settle() lets its last copies and MMAs land first.
+  wd.settle();
   tc::fence_before_thread_sync();
   __syncthreads();
   if (warp == kMmaWarp) {

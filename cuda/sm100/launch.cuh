@@ -9,17 +9,23 @@ namespace jax_mla::sm100 {
 
 template <typename Element>
 cudaError_t setup_decode() {
-  return cudaFuncSetAttribute(decode_kernel<Element>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              kSmemBytes<Element>);
+  cudaError_t e = cudaFuncSetAttribute(decode_kernel<Element, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kSmemBytes<Element>);
+  if (e == cudaSuccess) {
+    e = cudaFuncSetAttribute(decode_kernel<Element, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kSmemBytes<Element>);
+  }
+  return e;
 }
 
 template <typename Element>
 cudaError_t launch_decode(const DecodeProblem& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, const WatchdogParams* watchdog) {
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = pdl_launch_config(dim3(p.num_parts, (p.rows + kBM - 1) / kBM), dim3(kThreads),
                                                    kSmemBytes<Element>, stream, &attr);
-  return cudaLaunchKernelEx(&cfg, decode_kernel<Element>, p, q_map, kv_map);
+  if (watchdog != nullptr) return cudaLaunchKernelEx(&cfg, decode_kernel<Element, true>, p, q_map, kv_map, *watchdog);
+  return cudaLaunchKernelEx(&cfg, decode_kernel<Element, false>, p, q_map, kv_map, WatchdogParams{});
 }
 
 }  // namespace jax_mla::sm100

@@ -5,10 +5,12 @@
 #include <cuda_runtime.h>
 
 #include "../common/problem.h"
+#include "../common/watchdog_params.h"
 
 namespace jax_mla::sm100 {
 
-// One-time per-device setup (opt-in shared memory); call from the FFI initialize stage.
+// One-time per-device setup (opt-in shared memory of both instantiations); call from the FFI
+// initialize stage.
 template <typename Element>
 cudaError_t setup_decode();
 
@@ -17,9 +19,10 @@ cudaError_t setup_decode();
 // exactly like the SM90 ones (cuda/ffi/decode_launch.cu, make_tensor_map_2d, 128-byte swizzle):
 // q_map: (b * rows, 576) box (64 rows, 64 cols); kv_map: (num_pages * page_size, 576) box
 // (min(page_size, 64) rows, 64 cols). Only valid on a device of compute capability 10.0 or 10.3;
-// the caller dispatches.
+// the caller dispatches. watchdog: null for the production kernel, else the self-check's
+// instantiation with bounded waits (common/watchdog.cuh).
 template <typename Element>
 cudaError_t launch_decode(const DecodeProblem& p, const CUtensorMap& q_map, const CUtensorMap& kv_map,
-                          cudaStream_t stream);
+                          cudaStream_t stream, const WatchdogParams* watchdog = nullptr);
 
 }  // namespace jax_mla::sm100

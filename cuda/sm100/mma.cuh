@@ -38,10 +38,10 @@ namespace jax_mla::sm100 {
 template <typename Element>
 inline constexpr MmaInput kMmaInputOf = std::is_same_v<Element, __nv_bfloat16> ? MmaInput::kBF16 : MmaInput::kF16;
 
-template <typename Element>
+template <typename Element, typename W>
 struct MmaIssuer {
   SharedStorage<Element>& s;
-  KVConsumer<kNumKvStages> kv;
+  KVConsumer<kNumKvStages, W> kv;  // kv.wd: the wait policy of every wait of the MMA warp
   uint32_t tmem;  // TMEM base (lane 0, column 0 of the allocation)
 
   static constexpr uint32_t kIdescQK = idesc_qk(kMmaInputOf<Element>);
@@ -64,7 +64,7 @@ struct MmaIssuer {
   // S_g = Q K^T for the tile in stage st, into S slot g % 2; commit -> s_full[g % 2].
   __device__ __forceinline__ void issue_qk(const PipelineState<kNumKvStages>& st, uint32_t g) const {
     const uint32_t slot = g & 1;
-    ptx::mbarrier_wait(&s.s_empty[slot], ((g >> 1) & 1) ^ 1);
+    kv.wd.wait(&s.s_empty[slot], ((g >> 1) & 1) ^ 1);
     tc::fence_after_thread_sync();  // the softmax's tcgen05.ld of this slot come before our writes
     const uint32_t d = tmem_addr(tmem, 0, kTmemColS + slot * kTmemColsS);
     const uint32_t q_base = ptx::smem_addr(&s.q[0][0]);
@@ -100,16 +100,16 @@ struct MmaIssuer {
   }
 };
 
-template <typename Element>
-__device__ __forceinline__ void mma_main(SharedStorage<Element>& s, const PartWork& work, uint32_t tmem) {
-  const MmaIssuer<Element> mma{s, KVConsumer<kNumKvStages>{&s.kv_bars}, tmem};
+template <typename Element, typename W>
+__device__ __forceinline__ void mma_main(SharedStorage<Element>& s, const PartWork& work, uint32_t tmem, const W& wd) {
+  const MmaIssuer<Element, W> mma{s, KVConsumer<kNumKvStages, W>{&s.kv_bars, wd}, tmem};
   PipelineState<kNumKvStages> st;  // this thread's view of the KV ring
   uint32_t g = 0;                  // tiles of this CTA so far (S / P slot g % 2)
   uint32_t o_phase = 0;            // uses of o_ready so far, mod 2
   work.for_each_piece([&](const PieceOfWork& w, int piece_count) {
     const int n = w.end_block - w.begin_block;
 
-    ptx::mbarrier_wait(&s.q_full, piece_count & 1);
+    wd.wait(&s.q_full, piece_count & 1);
     mma.issue_qk(st, g);
     if (n == 1) tc::commit(&s.q_empty);
 #pragma unroll 1
@@ -121,8 +121,8 @@ __device__ __forceinline__ void mma_main(SharedStorage<Element>& s, const PartWo
         mma.issue_qk(st_next, g + 1);
         next_issued = true;
       }
-      ptx::mbarrier_wait(&s.p_full[g & 1], (g >> 1) & 1);
-      ptx::mbarrier_wait(&s.o_ready, o_phase);
+      wd.wait(&s.p_full[g & 1], (g >> 1) & 1);
+      wd.wait(&s.o_ready, o_phase);
       o_phase ^= 1;
       tc::fence_after_thread_sync();  // the correction's tcgen05.st to O come before our MMAs
       mma.issue_pv(st.stage, t > 0);

@@ -68,16 +68,16 @@ __device__ __forceinline__ void zero_dead_v_rows(SharedStorage<Element>& s, int 
   }
 }
 
-template <typename Element>
+template <typename Element, typename W>
 __device__ __forceinline__ void softmax_main(SharedStorage<Element>& s, const DecodeProblem& p, const PartWork& work,
-                                             int m_block, uint32_t tmem) {
+                                             int m_block, uint32_t tmem, const W& wd) {
   const int thread = threadIdx.x - kSoftmaxWarp0 * 32;  // 0..127
   const int quarter = thread / 32;                      // == warp % 4: TMEM lanes 32 quarter ..
   const int row = 32 * (quarter & 1) + (thread % 32);
   const int half = quarter >> 1;
   const uint32_t lane_base = 32 * quarter;
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  const KVConsumer<kNumKvStages> kv{&s.kv_bars};
+  const KVConsumer<kNumKvStages, W> kv{&s.kv_bars, wd};
   const int q_row = m_block * kBM + row;  // row of the request's s_q * h_q rows
 
   PipelineState<kNumKvStages> st;
@@ -97,7 +97,7 @@ __device__ __forceinline__ void softmax_main(SharedStorage<Element>& s, const De
       const int first_token = blk * kBN;
 
       // 1. Scores from TMEM.
-      ptx::mbarrier_wait(&s.s_full[slot], (g >> 1) & 1);
+      wd.wait(&s.s_full[slot], (g >> 1) & 1);
       tc::fence_after_thread_sync();
       uint32_t raw[kKeysPerThread];
       tc::ld_32x32b_x32_sync(tmem_addr(tmem, lane_base, kTmemColS + slot * kTmemColsS), raw);

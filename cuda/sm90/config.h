@@ -49,6 +49,14 @@ inline constexpr int kNumSlots = 2 * kKvBoxesQK;
 inline constexpr int kQBoxElems = kBlockM * kKvBoxCols;  // one (BLK_M, 64) box of Q
 static_assert(kNumSlots % kKvBoxesQK == 0, "the box ring is released per whole tile (kv_producer.cuh)");
 
+// Slots of the per-piece bad-request flag, by piece ordinal. The producer clears piece k's slot
+// before the piece's first tile, which it may issue while the consumers are still in the epilogue of
+// piece k - 2 (common/kv_producer.cuh produce_part issues a tile before waiting for q_empty of piece
+// k - 1, and q_empty of piece k - 2 is all it has passed): slot k must not be piece k - 2's, so
+// two slots are too few. tests/cpu/test_sm90_ring_protocol.py checks it.
+inline constexpr int kBadFlagSlots = 4;
+static_assert((kBadFlagSlots & (kBadFlagSlots - 1)) == 0 && kBadFlagSlots >= 3);
+
 template <typename Element>
 struct alignas(1024) SharedStorage {
   Element q[kKvBoxesQK][kQBoxElems];                    // (9 boxes, BLK_M, 64): Q of the row block, 72 KB
@@ -58,7 +66,7 @@ struct alignas(1024) SharedStorage {
   uint64_t q_empty;                                     // consumers done with Q (2 arrivals)
   float row_max[kNumConsumers][kBlockM];                // per owner: running max after its latest tile (log2 units)
   float row_sum[2][kNumConsumers][kBlockM];             // per piece parity, per-consumer partial sums
-  int bad_request[2];                                   // set by the producer, per piece parity
+  int bad_request[kBadFlagSlots];                       // set by the producer, per piece ordinal % slots
 };
 
 template <typename Element>

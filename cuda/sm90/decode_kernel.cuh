@@ -13,15 +13,22 @@
 // (cuda/common/work_iterator.h) for query rows [64 mb, 64 mb + 64) of each request; the producer
 // and both consumers walk the same pieces and the same tile sequence, so they agree on every ring
 // slot and parity without exchanging anything but the barriers.
+//
+// kWatchdog: the self-check's instantiation, whose every barrier wait gives up at a deadline
+// (common/watchdog.cuh); production instantiates false. It never merges splits in the kernel (the
+// self-check passes no merge counters; the launcher turns the merge off for it), so it holds no
+// wait on other CTAs and no trap.
 #pragma once
 
 #include <cstdint>
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <type_traits>
 
 #include "../common/config.h"
 #include "../common/problem.h"
 #include "../common/ptx.cuh"
+#include "../common/watchdog.cuh"
 #include "../common/work_iterator.h"
 #include "config.h"
 #include "launch_plan.h"
@@ -31,12 +38,15 @@
 
 namespace jax_mla::sm90 {
 
-template <typename Element>
+template <typename Element, bool kWatchdog>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const __grid_constant__ DecodeProblem p, const __grid_constant__ LaunchPlan plan,
                   const __grid_constant__ CUtensorMap q_map,
-                  const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap kv_group_map) {
+                  const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap kv_group_map,
+                  const __grid_constant__ WatchdogParams watchdog) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using W = std::conditional_t<kWatchdog, Watchdog, NoWatchdog>;
+  const W wd = W::start(watchdog);
   extern __shared__ uint8_t smem_raw[];
   auto& s = *reinterpret_cast<SharedStorage<Element>*>(ptx::align_dynamic_smem<1024>(smem_raw));
   // Grouped copies (kv_producer.cuh kBoxesPerGroup) where a tile is one cache row (pages of >= 64
@@ -66,8 +76,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      producer_main<Element>(s, p, &q_map, &kv_map, grouped_copies ? &kv_group_map : nullptr, work, m_block);
-    } else if (plan.fused_merge && threadIdx.x >= 32) {
+      producer_main<Element>(s, p, &q_map, &kv_map, grouped_copies ? &kv_group_map : nullptr, work, m_block, wd);
+    } else if (!kWatchdog && plan.fused_merge && threadIdx.x >= 32) {
       // No combine kernel runs after this one: warps 1-3 write the requests with no piece.
       write_empty_requests<Element>(p, blockIdx.x + blockIdx.y * gridDim.x, gridDim.x * gridDim.y,
                                     threadIdx.x - 32, 96);
@@ -75,8 +85,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    consumer_main(s, p, plan, work, m_block, warpgroup - 1, grouped_copies);
+    consumer_main(s, p, plan, work, m_block, warpgroup - 1, grouped_copies, wd);
   }
+  wd.settle();  // an expired watchdog instantiation: let its last copies and wgmmas land
   // A no-op for correctness (every warp is converged here), but ptxas needs the roles to rejoin at a
   // warp barrier: without it, it serialises the consumers' wgmmas for lack of registers (C7512) and
   // spills (CUDA 13.0).

@@ -43,15 +43,16 @@ __device__ __forceinline__ void store_o(const float (&o)[128], const RowResult& 
   }
 }
 
-// Both consumers, piece w (parity: its ordinal's): this consumer's o (64, 256), columns
-// [256 consumer, +256), and its row state rs. Rows >= rows_valid are not written. merge_thread:
-// 0..255 over both consumers (the merge's arrival).
+// Both consumers, piece w (ordinal: its position in the CTA's pieces): this consumer's o (64, 256),
+// columns [256 consumer, +256), and its row state rs. Rows >= rows_valid are not written.
+// merge_thread: 0..255 over both consumers (the merge's arrival).
 template <typename Element>
 __device__ __forceinline__ void store_piece(SharedStorage<Element>& s, const DecodeProblem& p, const LaunchPlan& plan,
-                                            const PieceOfWork& w, int parity, int m_block, int rows_valid,
+                                            const PieceOfWork& w, int ordinal, int m_block, int rows_valid,
                                             int consumer, const RowCoords& rc, const RowState& rs,
                                             const float (&o)[128], int merge_thread) {
   const int thread = threadIdx.x % 128;
+  const int parity = ordinal & 1;
   float total[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -61,7 +62,7 @@ __device__ __forceinline__ void store_piece(SharedStorage<Element>& s, const Dec
   ptx::named_barrier_sync(kBarRowSum, kConsumerThreads);
 #pragma unroll
   for (int i = 0; i < 2; ++i) total[i] = s.row_sum[parity][0][rc.row[i]] + s.row_sum[parity][1][rc.row[i]];
-  const bool bad = s.bad_request[parity] != 0;
+  const bool bad = s.bad_request[ordinal & (kBadFlagSlots - 1)] != 0;
   const RowResult res = finish_rows(rs.m, total, bad);
 
   const int64_t row0 = static_cast<int64_t>(w.request) * p.rows + m_block * kBlockM;  // in (b * rows)

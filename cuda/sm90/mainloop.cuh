@@ -63,8 +63,8 @@ __device__ __forceinline__ uint32_t slot_addr(SharedStorage<Element>& s, const T
 // Issues the part of S = Q K^T for tile t that reads boxes [box_begin, box_end) as one wgmma
 // group, waiting on each box as it lands; box_begin == 0 starts the accumulator at zero. The
 // caller waits for the group(s).
-template <typename Element>
-__device__ __forceinline__ void issue_scores(SharedStorage<Element>& s, const BoxRingConsumer<kNumSlots>& kv,
+template <typename Element, typename W>
+__device__ __forceinline__ void issue_scores(SharedStorage<Element>& s, const BoxRingConsumer<kNumSlots, W>& kv,
                                              const TileCursor& t, ScoreFragment& sc,
                                              int box_begin = 0, int box_end = kKvBoxesQK) {
   const uint32_t q_base = ptx::smem_addr(&s.q[0][0]);
@@ -196,12 +196,14 @@ __device__ __forceinline__ void other_step(SharedStorage<Element>& s, const Tile
   issue_pv<Element, false>(s, t, consumer, pf, o);
 }
 
-template <typename Element>
+// wd: the wait policy (common/watchdog.cuh); the watchdog instantiation never merges in the kernel.
+template <typename Element, typename W>
 __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const DecodeProblem& p, const LaunchPlan& plan,
-                                              const PartWork& work, int m_block, int consumer, bool grouped_copies) {
+                                              const PartWork& work, int m_block, int consumer, bool grouped_copies,
+                                              const W& wd) {
   const int thread = threadIdx.x % 128;
   const RowCoords rc(thread);
-  const BoxRingConsumer<kNumSlots> kv{&s.kv_bars, grouped_copies};
+  const BoxRingConsumer<kNumSlots, W> kv{&s.kv_bars, grouped_copies, wd};
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   const bool elected = thread == 0;
   TileCursor st;  // ring position and owner of the CTA's next tile
@@ -226,7 +228,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
     ScoreFragment sc;
     PFragment pf;
 
-    ptx::mbarrier_wait(&s.q_full, ordinal & 1);
+    wd.wait(&s.q_full, ordinal & 1);
 
     // Tiles of this piece, in order. The wgmma groups in flight when a step starts: for an owned
     // tile, our S of this tile; for the other's tile, our own P V of the previous tile. Our boxes of
@@ -289,11 +291,13 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
       ptx::mbarrier_arrive(&s.q_empty);
     }
 
-    store_piece(s, p, plan, w, ordinal & 1, m_block, rows_valid, consumer, rc, rs, o, merge_thread);
+    store_piece(s, p, plan, w, ordinal, m_block, rows_valid, consumer, rc, rs, o, merge_thread);
   });
   // After the last wgmma of the CTA: waiting and merging inside the piece loop would stall the next
   // piece, and ptxas serialises every wgmma of the kernel when global loads sit between them (C7520).
-  if (plan.fused_merge) merge_split_pieces<Element>(p, plan, work, m_block, rows_valid, merge_thread);
+  if constexpr (!W::kEnabled) {
+    if (plan.fused_merge) merge_split_pieces<Element>(p, plan, work, m_block, rows_valid, merge_thread);
+  }
 }
 
 }  // namespace jax_mla::sm90

@@ -1,5 +1,5 @@
 """Builds and runs a host C++ unit test from tests/cpu/cpp/ (no GPU, no CUDA toolkit), for
-test_sm100_descriptors.py. Not collected by pytest."""
+test_sm100_descriptors.py and test_self_check_coverage.py. Not collected by pytest."""
 
 from __future__ import annotations
 
@@ -20,15 +20,15 @@ def compiler():
     return None
 
 
-def build_and_run(source: str, tmp_path) -> subprocess.CompletedProcess:
-    """Compiles tests/cpu/cpp/<source> (-Wall -Wextra -Werror, cuda/ on the include path) and runs it;
-    skips the calling test when there is no C++ compiler, fails it when the build fails."""
+def build_and_run(source: str, tmp_path, flags=()) -> subprocess.CompletedProcess:
+    """Compiles tests/cpu/cpp/<source> (-Wall -Wextra -Werror, cuda/ on the include path, plus `flags`)
+    and runs it; skips the calling test when there is no C++ compiler, fails it when the build fails."""
     cxx = compiler()
     if cxx is None:
         pytest.skip("no C++ compiler on PATH")
     exe = tmp_path / os.path.splitext(source)[0]
     build = subprocess.run(
-        [cxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-I", os.path.join(ROOT, "cuda"),
+        [cxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", *flags, "-I", os.path.join(ROOT, "cuda"),
          os.path.join(HERE, "cpp", source), "-o", str(exe)],
         capture_output=True, text=True)
     assert build.returncode == 0, build.stderr

@@ -63,7 +63,7 @@ def test_auto_on_sm100_needs_the_self_check():
 
 def test_sm90_self_check_only_when_forced():
     assert _ext.testing.auto_candidate(9, 0) == ("sm90", False)
-    for mode in ("force", "fault"):
+    for mode in ("force", "fault", "hang"):
         assert _ext.testing.auto_candidate(9, 0, self_check_mode=mode) == ("sm90", True)
         assert select((9, 0), mode=mode)["needs_self_check"]
         assert select((9, 0), mode=mode, self_check="passed")["kernel"] == "sm90"
@@ -71,7 +71,7 @@ def test_sm90_self_check_only_when_forced():
                                                                      needs_self_check=False)
     # Forcing changes nothing where auto has no candidate to check.
     assert _ext.testing.auto_candidate(8, 6, self_check_mode="force") == ("portable", False)
-    with pytest.raises(ValueError, match="JAX_MLA_SELFCHECK must be 'force' or 'fault' \\(or unset\\), got 'on'"):
+    with pytest.raises(ValueError, match="JAX_MLA_SELFCHECK must be one of 'force', 'fault', 'hang' \\(or unset\\), got 'on'"):
         _ext.testing.auto_candidate(9, 0, self_check_mode="on")
 
 
@@ -175,7 +175,7 @@ BUILDS = [tuple(b for b, on in zip(("sm90", "sm100", "sm103"), bits) if on)
 def test_every_combination():
     n = 0
     for cc, attr, env, check, built, mode in itertools.product(
-            CCS, range(-1, 5), ENVS, ("not run", "passed", "failed"), BUILDS, ("", "force", "fault")):
+            CCS, range(-1, 5), ENVS, ("not run", "passed", "failed"), BUILDS, ("", "force", "fault", "hang")):
         want = expected(cc, attr, env, check, built, mode)
         where = (cc, attr, env, check, built, mode)
         if want[0] == "error":
@@ -186,7 +186,7 @@ def test_every_combination():
             got = select(cc, attr, env, check, built, mode)
             assert (got["kernel"], got["fell_back"], got["needs_self_check"]) == want, where
         n += 1
-    assert n == len(CCS) * 6 * len(ENVS) * 3 * len(BUILDS) * 3
+    assert n == len(CCS) * 6 * len(ENVS) * 3 * len(BUILDS) * 4
 
 
 # ----------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ KERNELS = "one of 'auto', 'sm90', 'sm100', 'portable'"
 
 
 @pytest.mark.parametrize("kernel, self_check, cpu_isa", [
-    (None, None, None), ("", "", ""), ("auto", "force", "generic"), ("sm90", "fault", None),
+    (None, None, None), ("", "", ""), ("auto", "force", "generic"), ("sm90", "fault", None), ("portable", "hang", None),
     ("sm100", None, None), ("portable", None, None)])
 def test_accepted_values(kernel, self_check, cpu_isa):
     parsed = testing.parse_settings(kernel, self_check, cpu_isa)
@@ -24,7 +24,7 @@ def test_accepted_values(kernel, self_check, cpu_isa):
 
 
 @pytest.mark.parametrize("field, value, accepted", [
-    ("kernel", "SM90", KERNELS), ("kernel", "fast", KERNELS), ("self_check", "on", "'force' or 'fault'"),
+    ("kernel", "SM90", KERNELS), ("kernel", "fast", KERNELS), ("self_check", "on", "one of 'force', 'fault', 'hang'"),
     ("cpu_isa", "avx2", "'generic'")])
 def test_bad_values_name_the_variable_and_the_choices(field, value, accepted):
     parsed = testing.parse_settings(**{field: value})

@@ -1,20 +1,28 @@
-"""A CPU model of the SM90 kernel's KV ring protocol (cuda/common/kv_producer.cuh, box ring, and the
-seesaw consumers of cuda/sm90/mainloop.cuh), run under random interleavings.
+"""A CPU model of the SM90 kernel's KV ring protocol (cuda/common/kv_producer.cuh, box ring and
+produce_part, and the seesaw consumers of cuda/sm90/mainloop.cuh), run under random interleavings.
 
 The model follows consumer_main step for step: which boxes each consumer waits for, when its wgmma
 reads of a box begin and end (S from issue to the owner's wait before the softmax, P V from issue to
 the wgmma wait before the release), which boxes each consumer releases and when, the P-ready named
-barrier between the owner and the other consumer, and the piece boundaries (the producer loads the
-next piece only after both consumers arrived on q_empty). The producer loads box by box, each once
-the tile that last held its slot was released by both consumers (the kernel's ring holds two whole
-tiles, 18 slots, released per tile).
+barrier between the owner and the other consumer, and the piece boundaries. The producer follows
+produce_part: per piece, it clears the piece's bad-request flag slot, issues the piece's first
+kPieceLookaheadTiles tiles, then waits until both consumers arrived on q_empty of the previous
+piece, loads Q, then issues the other tiles; a tile's boxes load box by box, each once the tile that
+last held its slot was released by both consumers (the kernel's ring holds two whole tiles, 18
+slots, released per tile). A consumer waits for Q of a piece (q_full), its S wgmmas read Q until
+they complete, it arrives on q_empty after the piece's last wgmma, and its epilogue (store_piece)
+reads the piece's bad-request flag after that arrival.
 
 Checked, on the kernel's ring and on every other ring size up to three tiles (the protocol does not
-rely on whole tiles filling the ring): no deadlock; no slot overwritten while a wgmma may still read
-it; every tile released once by each consumer; the P-ready barrier of an owner is never arrived on
-again before the other consumer passed it for the previous tile (its arrival count would complete
-without the other consumer). A deliberately broken protocol must fail these checks, so the model can
-tell a wrong release from a right one.
+rely on whole tiles filling the ring), for lookaheads of 0 (the order before), 1 (the kernel's) and
+2: no deadlock; no slot overwritten while a wgmma may still read it; Q not overwritten while an S
+reads it, and every S reads its own piece's Q; a piece's bad-request flag slot not cleared by a later
+piece before the epilogue read it (sm90/config.h kBadFlagSlots); every tile released once by each
+consumer; the P-ready barrier of an owner is never arrived on again before the other consumer
+passed it for the previous tile (its arrival count would complete without the other consumer).
+Deliberately broken protocols must fail these checks, so the model can tell a wrong order from a
+right one: a release before the P V completed, a ring of one tile, a lookahead past the ring
+(deadlock), Q loaded without waiting for q_empty, two flag slots.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ import pytest
 BOXES = 9
 ROPE = 8
 V_BOXES = {0: range(0, 4), 1: range(4, 8)}
+LOOKAHEAD = 1     # common/kv_producer.cuh kPieceLookaheadTiles
+FLAG_SLOTS = 4    # sm90/config.h kBadFlagSlots
 
 
 class ProtocolError(AssertionError):
@@ -38,15 +48,25 @@ def owner(g):
 
 
 def produce(model, slot_free):
-    """The producer (produce_part + BoxRingProducer): per piece, after both consumers left the
-    previous piece's Q, every box of every tile in ring order, each once the box that last held its
-    slot is free (slot_free(tile, box) gives the wait's predicate)."""
+    """The producer (produce_part + BoxRingProducer): per piece, the flag slot's clear, the first
+    model.lookahead tiles, then (once both consumers left the previous piece's Q) Q, then the other
+    tiles; every box in ring order, each once the box that last held its slot is free
+    (slot_free(tile, box) gives the wait's predicate)."""
     g = 0
     for k, length in enumerate(model.pieces):
-        if k > 0:
-            yield lambda k=k: model.q_empty[k - 1] == 2
-        model.q_loaded.add(k)
-        for t in range(g, g + length):
+        model.clear_flag(k)  # on_piece
+        q_before = min(length, model.lookahead)
+        for j in range(length + 1):
+            if j == q_before:
+                if k > 0 and model.wait_q_empty:
+                    yield lambda k=k: model.q_empty[k - 1] == 2
+                if model.q_reads:
+                    raise ProtocolError(f"Q of piece {k} loaded while S reads it: {sorted(model.q_reads)}")
+                model.q_content = k
+                model.q_loaded.add(k)
+            if j == length:
+                break
+            t = g + j
             for b in range(BOXES):
                 prev = BOXES * t + b - model.n  # the box that last held this slot
                 if prev >= 0:
@@ -76,9 +96,17 @@ def interleave(actors, seed):
 
 
 class Model:
-    def __init__(self, num_slots, pieces, release_before_pv_wait=False):
+    def __init__(self, num_slots, pieces, release_before_pv_wait=False, lookahead=LOOKAHEAD, flag_slots=FLAG_SLOTS,
+                 wait_q_empty=True):
         self.n, self.pieces = num_slots, pieces
         self.early = release_before_pv_wait  # a broken protocol, for the model's own test
+        self.wait_q_empty = wait_q_empty     # False: a broken protocol, Q loaded without waiting
+        self.lookahead, self.flag_slots = lookahead, flag_slots
+        self.piece_of = [k for k, length in enumerate(pieces) for _ in range(length)]  # tile -> piece
+        self.q_content = None              # the piece whose Q is in shared memory
+        self.q_reads = set()               # (consumer, tile) of S wgmmas in flight (they read Q)
+        self.flag_owner = {}               # flag slot -> the piece that last cleared it
+        self.epilogues = defaultdict(int)  # piece -> consumers whose epilogue read its flag
         self.content = [None] * num_slots  # (g, b) last loaded into each slot
         self.reads = defaultdict(set)      # slot -> active wgmma reads {(consumer, kind, g, b)}
         self.tile_releases = defaultdict(set)  # g -> consumers that released it
@@ -89,6 +117,21 @@ class Model:
 
     def slot(self, g, b):
         return (BOXES * g + b) % self.n
+
+    # ---- the bad-request flag slots (producer's on_piece, consumers' store_piece) ----------------
+    def clear_flag(self, k):
+        slot = k % self.flag_slots
+        j = self.flag_owner.get(slot)
+        if j is not None and self.epilogues[j] < 2:
+            raise ProtocolError(f"piece {k} clears flag slot {slot} before the epilogue of piece {j} read it")
+        self.flag_owner[slot] = k
+
+    def read_flag(self, k):
+        slot = k % self.flag_slots
+        if self.flag_owner.get(slot) != k:
+            raise ProtocolError(f"the epilogue of piece {k} reads flag slot {slot}, now piece "
+                                f"{self.flag_owner.get(slot)}'s")
+        self.epilogues[k] += 1
 
     # ---- the producer (produce_part + BoxRingProducer) -------------------------------------
     def producer(self):
@@ -109,8 +152,11 @@ class Model:
             self.reads[self.slot(g, b)].discard((c, kind, g, b))
 
     def issue_s(self, c, g, boxes):
-        for b in boxes:  # issue_scores: wait_box, then the box's wgmmas
+        for b in boxes:  # issue_scores: wait_box, then the box's wgmmas (which read Q and K)
             yield lambda b=b: self.landed(g, b)
+            if self.q_content != self.piece_of[g]:
+                raise ProtocolError(f"S of tile {g} (piece {self.piece_of[g]}) reads Q of piece {self.q_content}")
+            self.q_reads.add((c, g))
             self.start_read(c, "S", g, [b])
 
     def pv_boxes(self, c, g):
@@ -140,6 +186,7 @@ class Model:
                         self.release(c, pending)
                         pending = None
                     self.end_read(c, "S", t, range(BOXES))  # wgmma_wait<0>: S done
+                    self.q_reads.discard((c, t))
                     if t - 2 >= g0 and (t - 2) not in self.p_passed:
                         raise ProtocolError(f"owner {c} arrives on P-ready for tile {t} before tile {t - 2}'s was passed")
                     self.p_ready.add(t)  # softmax, P into the RoPE box, bar.arrive
@@ -162,6 +209,8 @@ class Model:
                     pending = t
             self.release(c, pending)
             self.q_empty[k] += 1
+            yield lambda: True  # the producer may run between the q_empty arrival and store_piece
+            self.read_flag(k)
             g0 = end
 
     def run(self, seed):
@@ -178,11 +227,12 @@ def random_pieces(rng):
 RINGS = list(range(18, 28))
 
 
+@pytest.mark.parametrize("lookahead", [1, 0, 2])
 @pytest.mark.parametrize("num_slots", RINGS)
-def test_ring_protocol_under_random_interleavings(num_slots):
-    rng = random.Random(num_slots * 2 + 1)
+def test_ring_protocol_under_random_interleavings(num_slots, lookahead):
+    rng = random.Random(num_slots * 2 + 1 + 1000 * lookahead)
     for trial in range(60):
-        Model(num_slots, random_pieces(rng)).run(seed=trial)
+        Model(num_slots, random_pieces(rng), lookahead=lookahead).run(seed=trial)
 
 
 @pytest.mark.parametrize("num_slots", [18, 25])
@@ -200,3 +250,28 @@ def test_the_model_catches_a_ring_of_one_tile():
     with pytest.raises(ProtocolError, match="deadlock"):
         for trial in range(50):
             Model(9, [8]).run(seed=trial)
+
+
+def test_the_model_catches_a_lookahead_past_the_ring():
+    """Tiles issued before Q must fit in the ring: one more waits for a position that only this
+    piece's own tiles (which need its Q) can free."""
+    with pytest.raises(ProtocolError, match="deadlock"):
+        for trial in range(50):
+            Model(18, [3, 5, 4], lookahead=3).run(seed=trial)
+
+
+def test_the_model_catches_q_loaded_while_read():
+    with pytest.raises(ProtocolError, match="Q of piece"):
+        for trial in range(100):
+            Model(18, [3, 2, 4], wait_q_empty=False).run(seed=trial)
+
+
+def test_the_model_catches_two_flag_slots():
+    """The producer clears piece k's flag slot before the piece's first tile, when it has passed only
+    q_empty of piece k - 2: the consumers may still be in the epilogue of piece k - 2 (after a
+    one-tile piece k - 1), so two slots are too few; three are enough."""
+    with pytest.raises(ProtocolError, match="flag slot"):
+        for trial in range(300):
+            Model(18, [2, 1, 1, 1, 2, 1, 1], flag_slots=2).run(seed=trial)
+    for trial in range(200):
+        Model(18, [2, 1, 1, 1, 2, 1, 1], flag_slots=3).run(seed=trial)

@@ -142,7 +142,8 @@ def test_injected_fault_falls_back_to_portable_with_one_warning(tmp_path):
     lines = warnings(stderr)
     assert len(lines) == 1, stderr
     assert lines[0].startswith("jax_mla: WARNING: the sm90 kernel failed its self-check against the portable "
-                               "kernel on CUDA device 0 (compute capability 9.0): bfloat16: out differs")
+                               "kernel on CUDA device 0 (compute capability 9.0): bfloat16, case 'pieces': "
+                               "out differs")
     assert lines[0].endswith('kernel="auto" uses the portable kernel on this device')
     for k in ("auto", "portable", "sm90"):
         assert_matches_reference(res["results"][k], res["ref"])
@@ -186,4 +187,4 @@ def test_invalid_environment_is_a_clear_error(tmp_path):
     with open(tmp_path / "x.pkl", "rb") as f:
         res = pickle.load(f)
     assert isinstance(res["results"]["auto"], str), "the decode ran despite an invalid JAX_MLA_SELFCHECK"
-    assert "JAX_MLA_SELFCHECK must be 'force' or 'fault' (or unset), got 'yes'" in res["info"], res["info"]
+    assert "JAX_MLA_SELFCHECK must be one of 'force', 'fault', 'hang' (or unset), got 'yes'" in res["info"], res["info"]

@@ -6,5 +6,5 @@
 namespace jax_mla::sm100 {
 template cudaError_t setup_decode<__nv_bfloat16>();
 template cudaError_t launch_decode<__nv_bfloat16>(const DecodeProblem&, const CUtensorMap&, const CUtensorMap&,
-                                                  cudaStream_t);
+                                                  cudaStream_t, const WatchdogParams*);
 }  // namespace jax_mla::sm100

@@ -5,5 +5,6 @@
 
 namespace jax_mla::sm100 {
 template cudaError_t setup_decode<__half>();
-template cudaError_t launch_decode<__half>(const DecodeProblem&, const CUtensorMap&, const CUtensorMap&, cudaStream_t);
+template cudaError_t launch_decode<__half>(const DecodeProblem&, const CUtensorMap&, const CUtensorMap&, cudaStream_t,
+                                           const WatchdogParams*);
 }  // namespace jax_mla::sm100

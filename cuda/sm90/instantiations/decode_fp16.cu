@@ -6,5 +6,6 @@
 namespace jax_mla::sm90 {
 template cudaError_t setup_decode<__half>();
 template cudaError_t launch_decode<__half>(const DecodeProblem&, const LaunchPlan&, const CUtensorMap&,
-                                           const CUtensorMap&, const CUtensorMap&, cudaStream_t);
+                                           const CUtensorMap&, const CUtensorMap&, cudaStream_t,
+                                           const WatchdogParams*);
 }  // namespace jax_mla::sm90

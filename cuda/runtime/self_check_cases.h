@@ -1,0 +1,291 @@
+// The self-check's problems (runtime/self_check.cu): one table of cases, their inputs and the
+// schedule each gets, in plain C++ so that the CPU test tests/cpu/cpp/self_check_coverage.cc builds
+// exactly the same problems and schedules and asserts which kernel paths they reach (piece
+// boundaries, the lazy-rescale path, every row count, ...), so that the coverage cannot shrink
+// unnoticed. docs/design.md ("Self-check") has the coverage table.
+//
+// Every case runs in bf16 and in fp16. Inputs are deterministic (an LCG) and exact in both 16-bit
+// types: values are multiples of 1/256 in [-1, 1) (8 significant bits at most), so the host's
+// conversion is exact and the CPU test can recompute every score. Q's 64 RoPE columns are positive
+// ([0.25, 1)); a "hot" key has all 64 RoPE columns equal to a large value, so its score exceeds every
+// earlier one of its row by far more than the kernels' lazy-rescale slack (common/config.h
+// kLazyRescaleSlack): the rescale of O runs. Cache rows that no request may read (past a length,
+// unused pages) hold NaN, so a kernel that lets one reach the output fails the comparison.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <vector>
+
+#include "common/config.h"
+#include "common/problem.h"
+#include "common/scheduler.h"
+#include "common/workspace.h"
+
+namespace jax_mla::self_check {
+
+inline constexpr int kMaxBatch = 10;
+inline constexpr int kMaxHot = 3;
+inline constexpr float kSoftmaxScale = 1.f / 24.f;  // 576 ** -0.5, the default
+
+// A key whose 64 RoPE columns all hold `rope` (request, token).
+struct HotKey {
+  int request = -1;
+  int token = 0;
+  float rope = 0.f;
+};
+
+struct Case {
+  const char* name;  // what it is for (reported by a failing check)
+  int seq_q = 1, heads_q = 16;
+  bool causal = false;
+  int page_size = 64;
+  int num_parts = 1;
+  int batch = 0;
+  int lens[kMaxBatch] = {};
+  // A request whose block-table row holds an id outside the cache among the pages it reads: both
+  // kernels write NaN for it (-1: none). bad_past_end: the id is num_pages (else -2).
+  int bad_request = -1;
+  bool bad_past_end = false;
+  // 0: every block-table entry of a request has its own page. n > 0: the entries of a request's
+  // full pages cycle through n pages, so a long context costs n pages of memory; its last page is
+  // always its own (its rows past the length hold NaN).
+  int shared_pages = 0;
+  HotKey hot[kMaxHot] = {};
+  int unused_pages = 3;  // pages no request reads (all NaN)
+
+  int rows() const { return seq_q * heads_q; }
+};
+
+// The cases, in the order the self-check runs them (it stops at the first failure).
+inline std::vector<Case> cases() {
+  std::vector<Case> v;
+  auto add = [&](const char* name, int seq_q, int heads_q, bool causal, int page_size, int num_parts,
+                 std::initializer_list<int> lens) -> Case& {
+    Case c;
+    c.name = name;
+    c.seq_q = seq_q;
+    c.heads_q = heads_q;
+    c.causal = causal;
+    c.page_size = page_size;
+    c.num_parts = num_parts;
+    for (int len : lens) c.lens[c.batch++] = len;
+    v.push_back(c);
+    return v.back();
+  };
+  // Line plan, several pieces per part: piece boundaries of every kind (pieces of 1, 2 and more
+  // tiles, a part's first piece a split one), a request with a bad page id between good ones, an
+  // empty request, pages of 32 (a tile spans two pages).
+  {
+    Case& c = add("pieces", 2, 16, true, 32, 2, {0, 45, 200, 64, 1, 520, 2, 130, 200, 65});
+    c.bad_request = 7;
+  }
+  // Lazy rescale of O: hot keys in later tiles of a piece; s_q = 1, non-causal, 64 rows, pages of 256
+  // (four tiles per page), one part holding two pieces of many tiles.
+  {
+    Case& c = add("rescale", 1, 64, false, 256, 1, {700, 300});
+    c.hot[0] = {0, 200, 5.f};
+    c.hot[1] = {0, 650, 10.f};
+    c.hot[2] = {1, 170, 5.f};
+    c.unused_pages = 1;
+  }
+  // 128 rows (two row blocks), s_q = 1 causal, pages of 64, a request split over two parts.
+  add("h128", 1, 128, true, 64, 3, {520, 200}).unused_pages = 1;
+  // s_q = 4 causal: a request shorter than s_q (rows with no visible key), per-token visible
+  // lengths, pages of 16 (four pages per tile), a bad page id one past the cache.
+  {
+    Case& c = add("sq4_causal", 4, 16, true, 16, 4, {2, 97, 515, 40});
+    c.bad_request = 3;
+    c.bad_past_end = true;
+  }
+  // s_q = 4 without causal masking.
+  add("sq4", 4, 16, false, 64, 2, {300, 64, 129});
+  // A 16K+ context in a few pages: long pieces (phases of every ring wrap many times), a hot key near
+  // the end of the second piece.
+  {
+    Case& c = add("long", 1, 16, false, 64, 2, {16411});
+    c.shared_pages = 16;
+    c.hot[0] = {0, 16390, 5.f};
+  }
+  return v;
+}
+
+// Both element types, in the order the self-check runs them.
+inline constexpr DType kDTypes[2] = {DType::kBF16, DType::kF16};
+inline const char* dtype_name(DType t) { return t == DType::kBF16 ? "bfloat16" : "float16"; }
+
+// ---- exact 16-bit values ------------------------------------------------------------------------
+
+// x is NaN, 0 or a normal number of at most 8 significant bits in the range of both types: the
+// conversion is exact (no rounding to decide).
+inline uint16_t to_bits(float x, DType t) {
+  if (std::isnan(x)) return t == DType::kBF16 ? 0x7FC0 : 0x7E00;
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if (t == DType::kBF16) return static_cast<uint16_t>(u >> 16);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  if ((u & 0x7FFFFFFFu) == 0) return static_cast<uint16_t>(sign);
+  const uint32_t exp = ((u >> 23) & 0xFFu) - 127 + 15;  // normal in fp16 for the values used here
+  return static_cast<uint16_t>(sign | (exp << 10) | ((u >> 13) & 0x3FFu));
+}
+
+inline float from_bits(uint16_t b, DType t) {
+  uint32_t u;
+  if (t == DType::kBF16) {
+    u = static_cast<uint32_t>(b) << 16;
+  } else {
+    const uint32_t sign = (b & 0x8000u) << 16, exp = (b >> 10) & 0x1Fu, man = b & 0x3FFu;
+    if (exp == 0x1F) {
+      u = sign | 0x7F800000u | (man << 13);
+    } else if (exp != 0) {
+      u = sign | ((exp - 15 + 127) << 23) | (man << 13);
+    } else {  // zero or subnormal: man * 2^-24
+      float f = std::ldexp(static_cast<float>(man), -24);
+      return sign ? -f : f;
+    }
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+struct Lcg {  // deterministic inputs, no dependency on a host RNG library
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  uint32_t next() {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(s >> 33);
+  }
+  float uniform() { return static_cast<float>(static_cast<int>(next() % 512u) - 256) / 256.f; }  // [-1, 1)
+  float positive() { return static_cast<float>(64 + static_cast<int>(next() % 192u)) / 256.f; }  // [0.25, 1)
+};
+
+// ---- inputs -------------------------------------------------------------------------------------
+
+inline int entries_of(const Case& c, int r) { return (c.lens[r] + c.page_size - 1) / c.page_size; }
+
+// Columns of the block table: the longest request's entries and one more (an invalid id nobody may
+// read).
+inline int max_pages_of(const Case& c) {
+  int m = 0;
+  for (int r = 0; r < c.batch; ++r) m = std::max(m, entries_of(c, r));
+  return m + 1;
+}
+
+// Pages request r occupies (shared_pages: its full pages share them, its last page is its own).
+inline int pages_of(const Case& c, int r) {
+  const int n = entries_of(c, r);
+  return c.shared_pages > 0 && n > 1 ? std::min(n - 1, c.shared_pages) + 1 : n;
+}
+
+inline int num_pages_of(const Case& c) {
+  int n = c.unused_pages;
+  for (int r = 0; r < c.batch; ++r) n += pages_of(c, r);
+  return n;
+}
+
+struct Inputs {
+  int num_pages = 0, max_pages = 0;
+  std::vector<uint16_t> q;      // (b, s_q, h_q, 576)
+  std::vector<uint16_t> kv;     // (num_pages, page_size, 576)
+  std::vector<int32_t> table;   // (b, max_pages); unused entries -1
+  std::vector<int32_t> lens;    // (b,)
+};
+
+inline Inputs make_inputs(const Case& c, DType t) {
+  Inputs in;
+  Lcg rng;
+  in.num_pages = num_pages_of(c);
+  in.max_pages = max_pages_of(c);
+  const int rows = c.rows();
+  in.q.resize(static_cast<size_t>(c.batch) * rows * kHeadDimQK);
+  for (size_t i = 0; i < in.q.size(); ++i) {
+    in.q[i] = to_bits(static_cast<int>(i % kHeadDimQK) < kHeadDimV ? rng.uniform() : rng.positive(), t);
+  }
+  in.kv.assign(static_cast<size_t>(in.num_pages) * c.page_size * kHeadDimQK, to_bits(NAN, t));
+  // Pages in a shuffled order (Fisher-Yates with the LCG).
+  std::vector<int32_t> ids(in.num_pages);
+  for (int i = 0; i < in.num_pages; ++i) ids[i] = i;
+  for (int i = in.num_pages - 1; i > 0; --i) std::swap(ids[i], ids[rng.next() % static_cast<uint32_t>(i + 1)]);
+  in.table.assign(static_cast<size_t>(c.batch) * in.max_pages, -1);
+  auto row_of = [&](int page, int token_in_page) {
+    return (static_cast<size_t>(page) * c.page_size + token_in_page) * kHeadDimQK;
+  };
+  int next = 0;
+  for (int r = 0; r < c.batch; ++r) {
+    const int n = entries_of(c, r), own = pages_of(c, r);
+    std::vector<bool> filled(own, false);
+    for (int i = 0; i < n; ++i) {
+      const int k = i == n - 1 ? own - 1 : i % std::max(own - 1, 1);  // which of the request's pages
+      const int page = ids[next + k];
+      in.table[static_cast<size_t>(r) * in.max_pages + i] = page;
+      if (filled[k]) continue;  // a shared page: its rows were written for an earlier entry
+      filled[k] = true;
+      const int used = std::min(c.page_size, c.lens[r] - i * c.page_size);
+      for (int row = 0; row < used; ++row) {
+        for (int col = 0; col < kHeadDimQK; ++col) in.kv[row_of(page, row) + col] = to_bits(rng.uniform(), t);
+      }
+    }
+    next += own;
+  }
+  for (const HotKey& h : c.hot) {
+    if (h.request < 0) continue;
+    const int page = in.table[static_cast<size_t>(h.request) * in.max_pages + h.token / c.page_size];
+    for (int col = kHeadDimV; col < kHeadDimQK; ++col) in.kv[row_of(page, h.token % c.page_size) + col] = to_bits(h.rope, t);
+  }
+  if (c.bad_request >= 0) {
+    in.table[static_cast<size_t>(c.bad_request) * in.max_pages + std::min(1, entries_of(c, c.bad_request) - 1)] =
+        c.bad_past_end ? in.num_pages : -2;
+  }
+  in.lens.assign(c.lens, c.lens + c.batch);
+  return in;
+}
+
+// The schedule the device's scheduler computes for the case (bit for bit: scheduler.h), which the
+// self-check also checks on the device.
+inline std::vector<int32_t> schedule_of(const Case& c) {
+  std::vector<int32_t> s(static_cast<size_t>(schedule_size(c.batch, c.num_parts)));
+  std::vector<int64_t> prefix(static_cast<size_t>(c.batch) + 1);
+  plan_schedule_host(c.lens, c.batch, c.num_parts, prefix.data(), s.data());
+  return s;
+}
+
+// ---- device memory ------------------------------------------------------------------------------
+
+// Byte offsets of one case's buffers in the self-check's single allocation (256-byte aligned).
+struct Layout {
+  size_t q, kv, table, lens, out, lse, workspace, expired, total;
+};
+
+inline Layout layout_of(const Case& c) {
+  Layout b;
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off += (bytes + 255) / 256 * 256;
+    return at;
+  };
+  const size_t rows = static_cast<size_t>(c.batch) * c.rows();
+  b.q = take(rows * kHeadDimQK * 2);
+  b.kv = take(static_cast<size_t>(num_pages_of(c)) * c.page_size * kHeadDimQK * 2);
+  b.table = take(static_cast<size_t>(c.batch) * max_pages_of(c) * 4);
+  b.lens = take(static_cast<size_t>(c.batch) * 4);
+  b.out = take(rows * kHeadDimV * 2);
+  b.lse = take(rows * 4);
+  b.workspace = take(static_cast<size_t>(workspace_layout(c.batch, c.rows(), c.num_parts).total_bytes));
+  b.expired = take(4);
+  b.total = off;
+  return b;
+}
+
+// The self-check's allocation: the largest case's layout.
+inline size_t device_bytes() {
+  size_t m = 0;
+  for (const Case& c : cases()) m = std::max(m, layout_of(c).total);
+  return m;
+}
+
+}  // namespace jax_mla::self_check

@@ -1,0 +1,197 @@
+// Host test of the self-check's coverage (cuda/runtime/self_check_cases.h): builds every case's
+// inputs and schedule exactly as the self-check does, walks each CTA's pieces as the GPU kernels do
+// (common/work_iterator.h) and models the lazy rescale of the SM90 / SM100 softmax on the exact
+// scores, then prints, for every kernel path it knows, the cases that reach it:
+//     path <name>: <case> <case> ...
+// plus a few numbers (device bytes, the smallest rescale margin). tests/cpu/test_self_check_coverage.py
+// asserts that every path it requires has a case. The model of the rescale: a row's reference max
+// (log2 units, scale * log2 e folded in) moves only when a tile's max over the row's visible keys
+// exceeds it by more than kLazyRescaleSlack (sm100/softmax.cuh step 4, sm90/softmax.cuh
+// move_reference); on a tile after a piece's first, that is a rescale of O (sm100/correction.cuh
+// rescale_o, the TMEM load / store path; sm90 rescale_o).
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/problem.h"
+#include "common/work_iterator.h"
+#include "runtime/self_check_cases.h"
+
+using namespace jax_mla;
+using namespace jax_mla::self_check;
+
+namespace {
+
+std::map<std::string, std::set<std::string>> hits;  // path -> cases
+void hit(const std::string& path, const Case& c) { hits[path].insert(c.name); }
+
+int failures = 0;
+void fail(const std::string& what) {
+  std::printf("FAIL %s\n", what.c_str());
+  ++failures;
+}
+
+// Walks the CTAs of a case: (part, row block) -> its pieces.
+void cover_schedule(const Case& c, const std::vector<int32_t>& schedule) {
+  std::set<int> requests_seen;
+  for (int part = 0; part < c.num_parts; ++part) {
+    const PartWork work(schedule.data(), c.num_parts, part, c.lens);
+    int pieces = 0, events = 0, tiles = 0;
+    bool split = false, whole = false, bad = false, good = false;
+    std::printf("case %s part %d:", c.name, part);
+    work.for_each_piece([&](const PieceOfWork& w, int) {
+      const int n = w.end_block - w.begin_block;
+      std::printf(" r%d[%d,%d)%s", w.request, w.begin_block, w.end_block, w.num_splits > 1 ? "s" : "");
+      ++pieces;
+      tiles += n;
+      events += n - 1;  // tiles after a piece's first: alpha events (sm100 alpha_full)
+      hit(n == 1 ? "piece_of_1_tile" : n == 2 ? "piece_of_2_tiles" : "piece_of_3+_tiles", c);
+      if (n >= 128) hit("piece_of_128+_tiles", c);
+      (w.num_splits > 1 ? split : whole) = true;
+      (w.request == c.bad_request ? bad : good) = true;
+      requests_seen.insert(w.request);
+      if (w.num_splits > 1) hit("split_request_piece", c);
+    });
+    std::printf("\n");
+    if (pieces >= 2) hit("cta_pieces>=2 (q_empty reuse, per-piece o_ready)", c);
+    if (pieces >= 3) hit("cta_pieces>=3 (stats_full second phase)", c);
+    if (events >= 3) hit("cta_alpha_events>=3 (alpha slot second phase)", c);
+    if (tiles > 2 * 2) hit("cta_tiles>4 (KV ring phases wrap)", c);
+    if (split && whole) hit("cta_split_and_whole_pieces", c);
+    if (bad && good) hit("cta_bad_and_good_pieces", c);
+  }
+  for (int r = 0; r < c.batch; ++r) {
+    if (c.lens[r] > 0 && !requests_seen.count(r)) fail(std::string(c.name) + ": request without a piece");
+  }
+}
+
+// Scores of the case in float64 on the exact inputs, reference moves per the lazy rule.
+void cover_rescale(const Case& c, const Inputs& in, const std::vector<int32_t>& schedule, double* min_margin) {
+  const double scale_log2 = static_cast<double>(kSoftmaxScale) * 1.4426950408889634;
+  const int rows = c.rows();
+  for (int part = 0; part < c.num_parts; ++part) {
+    const PartWork work(schedule.data(), c.num_parts, part, c.lens);
+    for (int mb = 0; mb < num_row_blocks(rows); ++mb) {
+      int events = 0;  // the CTA's alpha events so far (slot events % 2)
+      work.for_each_piece([&](const PieceOfWork& w, int) {
+        const int r = w.request;
+        const bool bad = r == c.bad_request;
+        for (int row = mb * kBlockM; row < std::min(rows, mb * kBlockM + kBlockM); ++row) {
+          if (bad) break;
+          const int visible = visible_keys(c.lens[r], c.seq_q, row / c.heads_q, c.causal);
+          const uint16_t* q = &in.q[(static_cast<size_t>(r) * rows + row) * kHeadDimQK];
+          double m_ref = -INFINITY;
+          for (int blk = w.begin_block; blk < w.end_block; ++blk) {
+            double m_tile = -INFINITY;
+            for (int k = blk * kBlockN; k < std::min(visible, blk * kBlockN + kBlockN); ++k) {
+              const int page = in.table[static_cast<size_t>(r) * in.max_pages + k / c.page_size];
+              const uint16_t* key = &in.kv[(static_cast<size_t>(page) * c.page_size + k % c.page_size) * kHeadDimQK];
+              double s = 0;
+              for (int col = 0; col < kHeadDimQK; ++col) {
+                s += static_cast<double>(from_bits(q[col], DType::kBF16)) * from_bits(key[col], DType::kBF16);
+              }
+              m_tile = std::max(m_tile, s * scale_log2);
+            }
+            if (m_tile > m_ref + kLazyRescaleSlack) {
+              if (blk > w.begin_block) {
+                const int ev = events + (blk - w.begin_block - 1);
+                hit(ev % 2 == 0 ? "rescale_alpha_slot_0" : "rescale_alpha_slot_1", c);
+                hit("rescale", c);
+                if (mb > 0) hit("rescale_row_block_1", c);
+                *min_margin = std::min(*min_margin, m_tile - m_ref - kLazyRescaleSlack);
+              }
+              m_ref = m_tile;
+            } else if (blk > w.begin_block && m_tile > m_ref + kLazyRescaleSlack - 1) {
+              fail(std::string(c.name) + ": a tile max within 1 of the slack (float rounding could decide it)");
+            }
+          }
+        }
+        events += w.end_block - w.begin_block - 1;
+      });
+    }
+  }
+}
+
+}  // namespace
+
+int main() {
+  double min_margin = INFINITY;
+  for (const Case& c : cases()) {
+    const std::vector<int32_t> schedule = schedule_of(c);
+    cover_schedule(c, schedule);
+    const Inputs bf = make_inputs(c, DType::kBF16), hf = make_inputs(c, DType::kF16);
+    // Both element types hold the same values (exact conversions), so one model covers both.
+    for (size_t i = 0; i < bf.q.size(); ++i) {
+      if (from_bits(bf.q[i], DType::kBF16) != from_bits(hf.q[i], DType::kF16)) {
+        fail(std::string(c.name) + ": q differs between bf16 and fp16");
+        break;
+      }
+    }
+    for (size_t i = 0; i < bf.kv.size(); ++i) {
+      const float a = from_bits(bf.kv[i], DType::kBF16), b = from_bits(hf.kv[i], DType::kF16);
+      if (!(a == b || (std::isnan(a) && std::isnan(b)))) {
+        fail(std::string(c.name) + ": kv differs between bf16 and fp16");
+        break;
+      }
+    }
+    if (bf.table != hf.table) fail(std::string(c.name) + ": block tables differ between dtypes");
+    cover_rescale(c, bf, schedule, &min_margin);
+
+    hit("rows_" + std::to_string(c.rows()), c);
+    if (c.rows() < kBlockM) hit("padding_rows", c);
+    if (c.rows() > kBlockM) hit("two_row_blocks", c);
+    hit("s_q_" + std::to_string(c.seq_q) + (c.causal ? "_causal" : "_noncausal"), c);
+    hit("heads_" + std::to_string(c.heads_q), c);
+    hit("page_" + std::to_string(c.page_size), c);
+    int longest = 0;
+    for (int r = 0; r < c.batch; ++r) {
+      const int len = c.lens[r];
+      longest = std::max(longest, len);
+      if (len == 0) hit("empty_request", c);
+      if (len > 0 && len % kBlockN != 0) hit("tail_tile", c);
+      if (len > 0 && len % kBlockN == 0) hit("whole_last_tile", c);
+      if (c.causal && len > 0 && len < c.seq_q) hit("rows_without_visible_key", c);
+      if (len > c.page_size && len % c.page_size != 0) hit("page_boundary_inside_request", c);
+    }
+    if (longest >= 16384) hit("context>=16K", c);
+    if (c.bad_request >= 0) {
+      const int entry = std::min(1, entries_of(c, c.bad_request) - 1);
+      const int id = bf.table[static_cast<size_t>(c.bad_request) * bf.max_pages + entry];
+      if (entry * c.page_size >= c.lens[c.bad_request] || (id >= 0 && id < bf.num_pages)) {
+        fail(std::string(c.name) + ": the bad page id is not read or not bad");
+      }
+      hit(id < 0 ? "bad_page_id_negative" : "bad_page_id_past_end", c);
+    }
+    // Every block-table entry a request reads is valid except the bad one; past its entries, -1.
+    for (int r = 0; r < c.batch; ++r) {
+      for (int i = 0; i < bf.max_pages; ++i) {
+        const int id = bf.table[static_cast<size_t>(r) * bf.max_pages + i];
+        const bool read = i < entries_of(c, r);
+        const bool valid = id >= 0 && id < bf.num_pages;
+        if (read && !valid && r != c.bad_request) fail(std::string(c.name) + ": an invalid id a good request reads");
+        if (!read && valid) fail(std::string(c.name) + ": a valid id past a request's pages");
+      }
+    }
+    for (const HotKey& h : c.hot) {
+      if (h.request < 0) continue;
+      if (c.shared_pages > 0 && h.token / c.page_size != entries_of(c, h.request) - 1) {
+        fail(std::string(c.name) + ": a hot key on a shared page would repeat");
+      }
+    }
+    for (DType t : kDTypes) hit(std::string("dtype_") + dtype_name(t), c);
+    std::printf("case %s bytes %zu\n", c.name, layout_of(c).total);
+  }
+  for (const auto& [path, names] : hits) {
+    std::printf("path %s:", path.c_str());
+    for (const std::string& n : names) std::printf(" %s", n.c_str());
+    std::printf("\n");
+  }
+  std::printf("device_bytes %zu\n", device_bytes());
+  std::printf("min_rescale_margin %.3f\n", min_margin);
+  std::printf(failures ? "failed\n" : "ok\n");
+  return failures ? 1 : 0;
+}
