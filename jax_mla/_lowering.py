@@ -70,6 +70,7 @@ def _decode_lowering_cuda(ctx, q, kv_cache, block_table, seq_lens, schedule, *, 
     # expose it: lower with one more result and drop it.
     b, s_q, h_q, _ = ctx.avals_in[0].shape
     _validate.check_gpu_page_size(ctx.avals_in[1].shape[1])
+    _validate.check_gpu_kv_format(kernel, _validate.is_fp8_cache(ctx.avals_in[1]))
     workspace = jax.core.ShapedArray((int(ext.workspace_bytes(b, s_q * h_q, num_parts)),), np.uint8)
     ctx_ws = ctx.replace(avals_out=[*ctx.avals_out, workspace])
     results = _decode_ffi(ctx_ws, q, kv_cache, block_table, seq_lens, schedule,
