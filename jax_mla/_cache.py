@@ -9,6 +9,7 @@ from jaxlib.version import __version__ as jaxlib_version
 
 from . import _sharding, _validate
 from ._api import _as_array
+from ._fp8 import pack_fp8_kv
 
 
 def update_kv_cache(kv_cache, new_latent, block_table, positions):
@@ -21,9 +22,12 @@ def update_kv_cache(kv_cache, new_latent, block_table, positions):
     copies the cache first, as for any functional update.
 
     Args:
-      kv_cache: (num_pages, page_size, 576) or (num_pages, page_size, 1, 576), bfloat16 or float16.
+      kv_cache: (num_pages, page_size, 576) or (num_pages, page_size, 1, 576), bfloat16 or float16;
+        or an FP8 cache, uint8 (num_pages, page_size, 656) or (num_pages, page_size, 1, 656).
       new_latent: (b, s_new, 576), kv_cache's dtype: per token the 512 compressed-KV values then
         the 64 RoPE'd key values (the same row mla_decode reads as key, its first 512 as value).
+        For an FP8 cache bfloat16, float16 or float32, quantized exactly as pack_fp8_kv does
+        (per-token scales: a written row depends on that token's values only).
       block_table: (b, max_pages) int32, as for mla_decode.
       positions: (b, s_new) int32 sequence positions; a negative position marks padding (that
         token is not written), so requests may add different numbers of tokens.
@@ -63,12 +67,15 @@ def update_kv_cache(kv_cache, new_latent, block_table, positions):
 
 
 def _write(kv_cache, new_latent, block_table, positions):
-    """The update on one shard's (or the whole) arrays; invalid entries are not written."""
+    """The update on one shard's (or the whole) arrays; invalid entries are not written. A uint8
+    (FP8) cache gets the packed rows: 656 bytes scattered like 576 values."""
     num_pages, page_size = kv_cache.shape[0], kv_cache.shape[1]
     row_shape = kv_cache.shape[2:]  # (576,) or (1, 576): no reshape of the cache (XLA copies it)
     max_pages = block_table.shape[1]
     n = positions.size
     pos = positions.reshape(n)
+    if kv_cache.dtype == jnp.uint8:
+        new_latent = pack_fp8_kv(new_latent)  # (b, s_new, 656): only the new rows are quantized
     rows = new_latent.reshape((n,) + row_shape)
     col = pos // page_size
     req = jnp.repeat(jnp.arange(block_table.shape[0], dtype=jnp.int32), positions.shape[1])

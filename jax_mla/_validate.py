@@ -384,16 +384,22 @@ class CacheUpdateDims(NamedTuple):
     num_pages: int
     page_size: int
     max_pages: int
+    kv_fp8: bool = False  # kv_cache holds FP8 rows: new_latent is quantized (pack_fp8_kv)
 
 
 def check_cache_update_operands(kv_cache: Any, new_latent: Any, block_table: Any, positions: Any,
                                 where: str = "update_kv_cache") -> CacheUpdateDims:
-    """Ranks, dims and dtypes of update_kv_cache's operands; returns the problem's dims."""
+    """Ranks, dims and dtypes of update_kv_cache's operands; returns the problem's dims.
+
+    A bfloat16 / float16 cache takes new_latent of its own dtype; a uint8 cache (FP8 rows) takes
+    new_latent in bfloat16, float16 or float32, which update_kv_cache quantizes."""
     num_pages, page_size = _check_kv_cache_shape(kv_cache, where)
     kv_dtype = _dtype(kv_cache)
-    if kv_dtype not in _FLOAT_DTYPES:
+    fp8 = kv_dtype == _UINT8
+    if not fp8 and kv_dtype not in _FLOAT_DTYPES:
         raise TypeError(
-            f"{where}: kv_cache must have dtype bfloat16 or float16, got {_dtype_name(kv_dtype)}")
+            f"{where}: kv_cache must have dtype bfloat16 or float16, got {_dtype_name(kv_dtype)} "
+            f"(or {_FP8_HINT})")
 
     nl_shape = _shape(new_latent)
     if len(nl_shape) != 3 or nl_shape[-1] != HEAD_DIM_QK:
@@ -405,8 +411,16 @@ def check_cache_update_operands(kv_cache: Any, new_latent: Any, block_table: Any
     if b < 1 or s_new < 1:
         raise ValueError(
             f"{where}: new_latent must have b >= 1 requests and s_new >= 1 tokens, got shape {nl_shape}")
-    _check_same_dtype(new_latent, "new_latent", kv_dtype, "kv_cache", where,
-                      hint=" (convert it explicitly, e.g. with .astype(kv_cache.dtype))")
+    if fp8:
+        nl_dtype = _dtype(new_latent)
+        if nl_dtype not in _PACK_DTYPES:
+            raise TypeError(
+                f"{where}: new_latent must have dtype bfloat16, float16 or float32 for a uint8 "
+                f"(FP8) kv_cache (its rows are quantized as pack_fp8_kv does), got "
+                f"{_dtype_name(nl_dtype)}")
+    else:
+        _check_same_dtype(new_latent, "new_latent", kv_dtype, "kv_cache", where,
+                          hint=" (convert it explicitly, e.g. with .astype(kv_cache.dtype))")
 
     bt_shape = _check_block_table(block_table, b, "new_latent", where)
 
@@ -420,7 +434,7 @@ def check_cache_update_operands(kv_cache: Any, new_latent: Any, block_table: Any
         raise ValueError(
             f"{where}: kv_cache has {num_pages} pages; with {b * s_new} new tokens the page indices "
             f"no longer fit in int32")
-    return CacheUpdateDims(b, s_new, num_pages, page_size, bt_shape[1])
+    return CacheUpdateDims(b, s_new, num_pages, page_size, bt_shape[1], fp8)
 
 
 def _first_true(mask: np.ndarray) -> tuple[int, ...] | None:
