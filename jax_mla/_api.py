@@ -162,7 +162,8 @@ def kernel_info(device=None) -> dict:
     Returns a dict. For a CUDA device (its first call here initializes it for jax_mla exactly as
     the first mla_decode would, running the self-check where the automatic choice needs one):
       platform "cuda", device (str), compute_capability (major, minor), kernel ("sm90", "sm100" or
-      "portable": what "auto" picks, after JAX_MLA_KERNEL and the self-check), fell_back (auto took
+      "portable": what "auto" picks, after JAX_MLA_KERNEL and the self-check), fp8_kernel (what "auto"
+      runs for an FP8 kv_cache, "" when no kernel there reads it), fell_back (auto took
       portable because the candidate failed its self-check), self_check ("not run", "passed",
       "failed"), self_check_kernel (the kernel checked, "" if none), self_check_detail (why it
       failed), env_kernel / env_self_check (JAX_MLA_KERNEL / JAX_MLA_SELFCHECK as this process read
