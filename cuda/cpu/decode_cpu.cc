@@ -3,13 +3,15 @@
 // Work decomposition, identical to the GPU kernels so that both walk the same schedule:
 //   task (p, m) = part p of the schedule x m-block m (query rows [m*kBlockM, (m+1)*kBlockM)).
 // A task converts its query rows to fp32 once per piece and every KV token row once per KV
-// block, and reuses that token row for all of its query rows (rows of a request share KV).
+// block (an FP8 row is dequantized then: load_fp8_row), and reuses that token row for all of its
+// query rows (rows of a request share KV).
 #include "cpu/decode_cpu.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <system_error>
 #include <thread>
@@ -194,7 +196,7 @@ class DecodeCpu {
       // KV block -> fp32, padded with zero rows to whole token tiles (their scores are ignored).
       const int padded_tokens = (num_tokens + kBlockGemmTokenTile - 1) / kBlockGemmTokenTile * kBlockGemmTokenTile;
       for (int j = 0; j < num_tokens; ++j) {
-        // kv_cache (num_pages, page_size, 576): token j lives in page block_table[r, j / page_size].
+        // kv_cache (num_pages, page_size, row): token j lives in page block_table[r, j / page_size].
         const int token = token0 + j;
         const int64_t page = pages[token / p_.page_size];
         const uint8_t* kv_row = kv_cache_ + (page * p_.page_size + token % p_.page_size) * kv_row_bytes_;
