@@ -8,8 +8,9 @@ was written for, so no path can silently fall back to something slower:
     (for GPUs without a cubin) must be embedded too.
 The SM90 kernel must also carry the in-kernel split merge (cuda/sm90/split_merge.cuh, used at run
 time where the grid fits): its release-add on the arrival counter (REDG ... STRONG.GPU).
-Every instantiation must be there: bf16 and fp16 of each kernel. Uses cuobjdump and nvdisasm from
-NVIDIA's pip wheels.
+Every instantiation must be there: bf16 and fp16 of each kernel, and of the portable kernel also
+its FP8-cache variants (KvFormat::kFp8: 656-byte rows dequantized in shared memory), which get the
+same instruction checks. Uses cuobjdump and nvdisasm from NVIDIA's pip wheels.
 
   python3 -P .ci/check_sass.py      (inside an environment where jax_mla is installed)
 """
@@ -60,9 +61,9 @@ CHECKS = (
     ("sm_90a", "sm90", 2, {"HGMMA": r"\bHGMMA\b", "UTMALDG": r"\bUTMALDG\b"}, {}, True),
     ("sm_100a", "sm100", 2, _SM100, {}, True),
     ("sm_103a", "sm100", 2, _SM100, {}, False),
-    ("sm_80", "portable", 2, _PORTABLE, _SPILLS, True),
-    ("sm_90", "portable", 2, _PORTABLE, _SPILLS, True),
-    ("sm_120", "portable", 2, _PORTABLE, _SPILLS, True),
+    ("sm_80", "portable", 4, _PORTABLE, _SPILLS, True),  # bf16, fp16 x 16-bit cache, FP8 cache
+    ("sm_90", "portable", 4, _PORTABLE, _SPILLS, True),
+    ("sm_120", "portable", 4, _PORTABLE, _SPILLS, True),
 )
 
 
@@ -96,7 +97,7 @@ def main() -> int:
         print(f"{arch}: {len(funcs)} kernels in {os.path.basename(so)}")
         tag = f"{len(namespace)}{namespace}"  # the Itanium-mangled namespace, e.g. 8portable
         matching = {n: t for n, t in funcs.items() if "decode_kernel" in n and tag in n}
-        if len(matching) != expected:  # bf16 and fp16
+        if len(matching) != expected:  # bf16 and fp16 (portable: each over both cache formats)
             failures.append(f"{arch}: expected {expected} {namespace} decode kernels, found {sorted(matching)}")
         for n, text in matching.items():
             counts = {i: len(re.findall(pattern, text)) for i, pattern in {**required, **forbidden}.items()}
@@ -107,9 +108,10 @@ def main() -> int:
                 failures.append(f"{arch}: {n} has no split-merge arrival (REDG ... STRONG.GPU)")
     res = subprocess.run([tool, "--list-ptx", so], capture_output=True, text=True)
     ptx = re.findall(r"PTX file\s+\d+:\s+(\S+)\.(sm_\d+)\.ptx", res.stdout)
-    portable_ptx = sorted(f"{n}.{a}" for n, a in ptx if n in ("decode_bf16", "decode_fp16") and a == "sm_80")
+    sources = ("decode_bf16", "decode_fp16", "decode_bf16_fp8", "decode_fp16_fp8")
+    portable_ptx = sorted(f"{n}.{a}" for n, a in ptx if n in sources and a == "sm_80")
     print(f"compute_80 PTX of the portable kernel: {portable_ptx}")
-    if portable_ptx != ["decode_bf16.sm_80", "decode_fp16.sm_80"]:
+    if portable_ptx != sorted(f"{n}.sm_80" for n in sources):
         failures.append(f"no compute_80 PTX of the portable kernel (cuobjdump --list-ptx: {res.stdout.strip()})")
     for f in failures:
         print("FAIL", f)

@@ -102,8 +102,9 @@ Status ready_device(const char* target, const DeviceState** state) {
   return Status{};
 }
 
-KernelSelection select_on(const DeviceState& state, int32_t kernel_attr) {
-  return select_kernel(state.cc_major, state.cc_minor, kernel_attr, settings(), built_kernels(), state.self_check);
+KernelSelection select_on(const DeviceState& state, int32_t kernel_attr, bool fp8_cache) {
+  return select_kernel(state.cc_major, state.cc_minor, kernel_attr, settings(), built_kernels(), state.self_check,
+                       fp8_cache);
 }
 
 bool stream_capturing(cudaStream_t stream) {
@@ -157,6 +158,8 @@ DeviceKernelInfo device_kernel_info(int ordinal) {
   } else {
     r.kernel = kernel_name(sel.kernel);
     r.fell_back = sel.fell_back;
+    const KernelSelection fp8 = select_on(info, static_cast<int32_t>(Kernel::kAuto), /*fp8_cache=*/true);
+    r.fp8_kernel = fp8.ok() ? kernel_name(fp8.kernel) : "";
   }
   return r;
 }
