@@ -102,10 +102,11 @@ def _schedule_lowering(ctx, seq_lens, *, num_parts, chunk_blocks=0):
 def _auto_partitioned_decode(direct):
     # Multi-device computations partitioned by XLA get mla_decode's rule (_partitioning.py).
     return _partitioning.lowering(direct, _partitioning.decode, params=_DECODE_PARAMS,
-                                  multiple_results=True, export_direct=False)
+                                  defaults=dict(chunk_blocks=0), multiple_results=True,
+                                  export_direct=False)
 
 
-_DECODE_PARAMS = ("softmax_scale", "causal", "num_parts", "kernel")
+_DECODE_PARAMS = ("softmax_scale", "causal", "num_parts", "kernel", "chunk_blocks")
 
 # update_kv_cache's write is plain jax; exported, it stays the plain scatter (XLA's own scatter
 # partitioning, no Python callback).

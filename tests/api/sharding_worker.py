@@ -312,6 +312,43 @@ def check_other_layouts_are_resharded(mode):
         assert_agree(fn(*args), want)
 
 
+def check_batch_invariant_under_sharding(mode):
+    """batch_invariant=True survives every path: under batch sharding each shard plans its
+    requests with the invariant plan (a passed schedule is dropped), so a request's bits are those
+    of the unsharded call, over a 16-bit and an FP8 cache; with the heads split an invariant
+    schedule is used as passed. Every compiled call carries the chunk."""
+    chunk = 256
+
+    def invariant(q, kv, bt, sl, passed=False):
+        sched = (jax_mla.decode_schedule(sl, num_heads=q.shape[2], batch_invariant=True,
+                                         invariant_chunk=chunk) if passed else None)
+        return jax_mla.mla_decode(q, kv, bt, sl, return_lse=True, schedule=sched,
+                                  batch_invariant=True, invariant_chunk=chunk)
+
+    def chunk_attrs(fn, args):
+        text = fn.lower(*args).compile().as_text()
+        calls = [ln for ln in text.splitlines() if 'custom_call_target="jax_mla_decode"' in ln]
+        assert calls and all(f"chunk_blocks = {chunk // 64}" in ln for ln in calls), calls
+        assert not collectives(text), collectives(text)
+
+    m = mode_mesh(mode, (NUM_DEVICES,), ("data",))
+    for make, seed in ((cases.make, 80), (cases.make_fp8, 81)):
+        data, _ = sharded_pages_data(NUM_DEVICES, (5, 700, 1500), seed=seed, make=make)
+        for passed in (False, True):
+            step = functools.partial(invariant, passed=passed)
+            want = jax.jit(step)(*data.args)
+            fn, args = sharded(step, mode, m, data.args, [P("data")] * 4)
+            got = fn(*args)
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+            chunk_attrs(fn, args)
+    data = global_data(LENS[:6], seed=82)
+    step = functools.partial(invariant, passed=True)
+    fn, args = sharded(step, mode, m, data.args, [P(None, None, "data"), P(), P(), P()])
+    assert_agree(fn(*args), jax.jit(step)(*data.args))
+    chunk_attrs(fn, args)
+
+
 def check_update_kv_cache_batch_sharded(mode):
     """update_kv_cache with per-shard pages: each shard writes its own pages, no collective, the
     donated cache aliased to the result; the result equals the unsharded update bit for bit."""
@@ -542,6 +579,8 @@ def check_auto_axes_under_gspmd_propagation():
             check_batch_sharded_pages_per_shard(mode)
             check_heads_sharded(mode)
             check_update_kv_cache_batch_sharded(mode)
+            check_batch_invariant_under_sharding(mode)
+            check_fp8_update_kv_cache_batch_sharded(mode)
     finally:
         jax.config.update("jax_use_shardy_partitioner", shardy)
 
