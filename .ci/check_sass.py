@@ -10,10 +10,11 @@ was written for, so no path can silently fall back to something slower:
 The SM90 kernel's production instantiations must also carry the in-kernel split merge
 (cuda/sm90/split_merge.cuh, used at run time where the grid fits): its release-add on the arrival
 counter (REDG ... STRONG.GPU).
-Every instantiation must be there: bf16 and fp16 of each kernel, and for SM90 and SM100 both the
+Every instantiation must be there: bf16 and fp16 of each kernel; for SM90 and SM100 both the
 production and the self-check's watchdog instantiation (decode_kernel<Element, false / true>,
-common/watchdog.cuh), which get the same instruction checks. Uses cuobjdump and nvdisasm from
-NVIDIA's pip wheels.
+common/watchdog.cuh); for the portable kernel each over both cache formats (KvFormat::kFp8: 656-byte
+rows dequantized in shared memory). All get the same instruction checks. Uses cuobjdump and nvdisasm
+from NVIDIA's pip wheels.
 
   python3 -P .ci/check_sass.py      (inside an environment where jax_mla is installed)
 """
@@ -64,9 +65,9 @@ CHECKS = (
     ("sm_90a", "sm90", 4, {"HGMMA": r"\bHGMMA\b", "UTMALDG": r"\bUTMALDG\b"}, {}, True),
     ("sm_100a", "sm100", 4, _SM100, _SPILLS, True),
     ("sm_103a", "sm100", 4, _SM100, _SPILLS, False),
-    ("sm_80", "portable", 2, _PORTABLE, _SPILLS, True),
-    ("sm_90", "portable", 2, _PORTABLE, _SPILLS, True),
-    ("sm_120", "portable", 2, _PORTABLE, _SPILLS, True),
+    ("sm_80", "portable", 4, _PORTABLE, _SPILLS, True),  # bf16, fp16 x 16-bit cache, FP8 cache
+    ("sm_90", "portable", 4, _PORTABLE, _SPILLS, True),
+    ("sm_120", "portable", 4, _PORTABLE, _SPILLS, True),
 )
 
 
@@ -100,7 +101,7 @@ def main() -> int:
         print(f"{arch}: {len(funcs)} kernels in {os.path.basename(so)}")
         tag = f"{len(namespace)}{namespace}"  # the Itanium-mangled namespace, e.g. 8portable
         matching = {n: t for n, t in funcs.items() if "decode_kernel" in n and tag in n}
-        if len(matching) != expected:  # bf16 and fp16 (x production and watchdog for SM90 / SM100)
+        if len(matching) != expected:  # bf16 and fp16 x (production, watchdog) or (16-bit, FP8 cache)
             failures.append(f"{arch}: expected {expected} {namespace} decode kernels, found {sorted(matching)}")
         if namespace != "portable":
             # decode_kernel<Element, bool kWatchdog>: Lb0E production, Lb1E the self-check's.
@@ -118,9 +119,10 @@ def main() -> int:
                 failures.append(f"{arch}: {n} has no split-merge arrival (REDG ... STRONG.GPU)")
     res = subprocess.run([tool, "--list-ptx", so], capture_output=True, text=True)
     ptx = re.findall(r"PTX file\s+\d+:\s+(\S+)\.(sm_\d+)\.ptx", res.stdout)
-    portable_ptx = sorted(f"{n}.{a}" for n, a in ptx if n in ("decode_bf16", "decode_fp16") and a == "sm_80")
+    sources = ("decode_bf16", "decode_fp16", "decode_bf16_fp8", "decode_fp16_fp8")
+    portable_ptx = sorted(f"{n}.{a}" for n, a in ptx if n in sources and a == "sm_80")
     print(f"compute_80 PTX of the portable kernel: {portable_ptx}")
-    if portable_ptx != ["decode_bf16.sm_80", "decode_fp16.sm_80"]:
+    if portable_ptx != sorted(f"{n}.sm_80" for n in sources):
         failures.append(f"no compute_80 PTX of the portable kernel (cuobjdump --list-ptx: {res.stdout.strip()})")
     for f in failures:
         print("FAIL", f)

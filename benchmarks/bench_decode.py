@@ -19,6 +19,10 @@ traced = calls.
 Usage: python benchmarks/bench_decode.py [--only NAME[,NAME...]] [--xla] [--kernel portable] [--num-parts 16,33,66]
                                         [--batch-invariant off|on|both] [--invariant-chunk TOKENS] [--json out.json]
 
+--fp8 times an FP8 cache (uint8 rows of 656 bytes, jax_mla.pack_fp8_kv of the same random rows):
+rows are named jax_mla[fp8] and the copy rate is counted in FP8 bytes (656 a token), as the issue's
+targets are.
+
 --kernel times a forced CUDA kernel (mla_decode's kernel= argument: auto, sm90, sm100, portable);
 the table and the JSON record it, with jax_mla.kernel_info() of the device. --num-parts times each
 config once per listed split-KV part count (decode_schedule's num_parts; "0" is the default policy),
@@ -55,7 +59,8 @@ def _setup_xla_flags(graphs: bool) -> None:
         os.environ["XLA_FLAGS"] = flags.strip()
 
 
-def build_inputs(cfg: Config, rng, jnp, np, num_sets: int, calls: int, l2_resident: bool = False):
+def build_inputs(cfg: Config, rng, jnp, np, num_sets: int, calls: int, l2_resident: bool = False,
+                 fp8: bool = False):
     """q, the cache with `num_sets` disjoint page sets, and one block table per call.
 
     Call i reads page set i % num_sets (so consecutive calls never share pages and the cache is not
@@ -91,7 +96,12 @@ def build_inputs(cfg: Config, rng, jnp, np, num_sets: int, calls: int, l2_reside
     key = jax.random.PRNGKey(int(rng.integers(1 << 30)))
     kq, kk = jax.random.split(key)
     q = jax.random.normal(kq, (cfg.batch, cfg.seq_q, cfg.heads, 576), jnp.float32).astype(jnp.bfloat16)
-    cache = jax.random.normal(kk, (num_pages, PAGE_SIZE, 576), jnp.float32).astype(jnp.bfloat16)
+    cache = jax.random.normal(kk, (num_pages, PAGE_SIZE, 576), jnp.float32)
+    if fp8:
+        import jax_mla
+        cache = jax.jit(jax_mla.pack_fp8_kv)(cache)  # (num_pages, PAGE_SIZE, 656) uint8
+    else:
+        cache = cache.astype(jnp.bfloat16)
     return q, cache, jnp.asarray(tables), jnp.asarray(seq_lens)
 
 
@@ -161,6 +171,8 @@ def main() -> int:
     ap.add_argument("--no-ceilings", action="store_true")
     ap.add_argument("--kernel", default="auto", choices=["auto", "sm90", "sm100", "portable"],
                     help="CUDA kernel to time (mla_decode's kernel= argument)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="time an FP8 cache (uint8 rows of 656 bytes; copy rate in FP8 bytes)")
     ap.add_argument("--num-parts", default="0",
                     help="comma-separated split-KV part counts to time (0 = the default policy)")
     ap.add_argument("--batch-invariant", default="off", choices=["off", "on", "both"],
@@ -206,12 +218,13 @@ def main() -> int:
             return
         with open(args.json, "w") as f:
             json.dump(dict(device_kind=device_kind, jax_version=jax.__version__, argv=sys.argv[1:],
-                           copy_gbps=copy_gbps, matmul_tflops=mm_tflops, kernel=args.kernel, partial=partial,
+                           copy_gbps=copy_gbps, matmul_tflops=mm_tflops, kernel=args.kernel, fp8=args.fp8,
+                           partial=partial,
                            kernel_info={k: list(v) if isinstance(v, tuple) else v for k, v in info.items()},
                            rows=rows), f, indent=1)
 
     def finish_row(cfg: Config, r: dict) -> None:
-        r["gbps"] = cfg.bytes() / (r["us"] * 1e-6) / 1e9
+        r["gbps"] = cfg.bytes(kv_row_bytes) / (r["us"] * 1e-6) / 1e9
         r["tflops"] = cfg.flops() / (r["us"] * 1e-6) / 1e12
         r["pct_bw"] = 100 * r["gbps"] / copy_gbps
         r["pct_mm"] = 100 * r["tflops"] / mm_tflops
@@ -220,14 +233,15 @@ def main() -> int:
         print(f"# {r['name']:<26} {r['impl']:<18} {r['us']:9.1f} us  {r['pct_bw']:5.1f}% copy  "
               f"err {r['rel_err']:.2e}{graph}", flush=True)
 
+    kv_row_bytes = 656 if args.fp8 else 2 * 576
     named = args.only.split(",") if args.only else []
     for cfg in CONFIGS + [c for c in EXTRA_CONFIGS if c.name in named]:
         if args.only and not any(o and o in cfg.name for o in named):
             continue
-        kv_bytes = float(cfg.seq_lens().sum()) * 576 * 2
+        kv_bytes = float(cfg.seq_lens().sum()) * kv_row_bytes
         num_sets = max(2, min(16, math.ceil(4 * L2_BYTES / kv_bytes)))
         calls = max(num_sets, cfg.calls_per_step(copy_gbps, mm_tflops, hi=64))
-        q, cache, tables, seq_lens = build_inputs(cfg, rng, jnp, np, num_sets, calls, args.l2_resident)
+        q, cache, tables, seq_lens = build_inputs(cfg, rng, jnp, np, num_sets, calls, args.l2_resident, args.fp8)
 
         def mode_kw(bi):
             return dict(batch_invariant=True, invariant_chunk=args.invariant_chunk) if bi else {}
@@ -260,6 +274,7 @@ def main() -> int:
             out = jax.jit(lambda *a, bi=bi: op(*a, None, bi))(q, cache, tables[0], seq_lens)
             err = max(err, float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref)))
         impl = "jax_mla" if args.kernel == "auto" else f"jax_mla[{args.kernel}]"
+        impl += "[fp8]" if args.fp8 else ""
         before = _decode_stats(jax_mla, backend)
         if len(variants) == 1:
             times = [time_step(make_step(op, *variants[0]), (q, cache, tables, seq_lens), args.repeats, calls)]

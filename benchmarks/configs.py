@@ -46,8 +46,11 @@ class Config:
     def flops(self) -> float:
         return 2.0 * self.seq_q * float(self.seq_lens().sum()) * self.heads * (576 + 512)
 
-    def bytes(self) -> float:
-        return 2.0 * (float(self.seq_lens().sum()) * 576 + self.batch * self.seq_q * self.heads * (576 + 512))
+    def bytes(self, kv_row_bytes: int = 2 * 576) -> float:
+        """Bytes a call must move: the cached rows (kv_row_bytes a token: 1152 in bf16, 656 for the
+        FP8 cache) plus q and out in bf16."""
+        return (float(self.seq_lens().sum()) * kv_row_bytes
+                + 2.0 * self.batch * self.seq_q * self.heads * (576 + 512))
 
     def floor_us(self, copy_gbps: float = COPY_GBPS, matmul_tflops: float = MATMUL_TFLOPS) -> float:
         """The roofline floor: the larger of bytes / copy rate and FLOPs / matmul rate, in us."""

@@ -46,7 +46,10 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal
       q: (b, s_q, h_q, 576) bfloat16 or float16; 1 <= s_q <= 8, 1 <= h_q <= 128. The 576 columns
         are the absorbed query (512 latent + 64 RoPE).
       kv_cache: (num_pages, page_size, 576) or (num_pages, page_size, 1, 576), q's dtype. Keys
-        are the whole 576-wide rows, values their first 512 columns.
+        are the whole 576-wide rows, values their first 512 columns. Or the FP8 cache: uint8
+        (num_pages, page_size, 656) or (num_pages, page_size, 1, 656), one pack_fp8_kv row per
+        token; the result is then the decode over unpack_fp8_kv(kv_cache) (README, "FP8 cache":
+        which kernels read it, and the error bound).
       block_table: (b, max_pages) int32; page i of request r is kv_cache[block_table[r, i]].
         Only the first ceil(seq_lens[r] / page_size) entries of a row are read.
       seq_lens: (b,) int32, 0 <= seq_lens[r] <= max_pages * page_size: cached tokens per request,
@@ -113,7 +116,7 @@ def mla_decode(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal
     def call(q, kv_cache, block_table, seq_lens, schedule):
         # One kernel call on (per-shard) arrays; dims may be a shard's, not the global ones.
         if kv_cache.ndim == 4:
-            kv_cache = kv_cache.reshape(kv_cache.shape[0], kv_cache.shape[1], _validate.HEAD_DIM_QK)
+            kv_cache = kv_cache.reshape(kv_cache.shape[0], kv_cache.shape[1], kv_cache.shape[3])
         if schedule is None:
             num_parts = given_parts or default_num_parts(q.shape[1], q.shape[2])
             schedule = jnp.zeros((0,), jnp.int32)
@@ -178,7 +181,8 @@ def kernel_info(device=None) -> dict:
     Returns a dict. For a CUDA device (its first call here initializes it for jax_mla exactly as
     the first mla_decode would, running the self-check where the automatic choice needs one):
       platform "cuda", device (str), compute_capability (major, minor), kernel ("sm90", "sm100" or
-      "portable": what "auto" picks, after JAX_MLA_KERNEL and the self-check), fell_back (auto took
+      "portable": what "auto" picks, after JAX_MLA_KERNEL and the self-check), fp8_kernel (what "auto"
+      runs for an FP8 kv_cache, "" when no kernel there reads it), fell_back (auto took
       portable because the candidate failed its self-check), self_check ("not run", "passed",
       "failed"), self_check_kernel (the kernel checked, "" if none), self_check_detail (why it
       failed), env_kernel / env_self_check (JAX_MLA_KERNEL / JAX_MLA_SELFCHECK as this process read

@@ -22,9 +22,12 @@ def update_kv_cache(kv_cache, new_latent, block_table, positions):
     copies the cache first, as for any functional update.
 
     Args:
-      kv_cache: (num_pages, page_size, 576) or (num_pages, page_size, 1, 576), bfloat16 or float16.
+      kv_cache: (num_pages, page_size, 576) or (num_pages, page_size, 1, 576), bfloat16 or float16;
+        or an FP8 cache, uint8 (num_pages, page_size, 656) or (num_pages, page_size, 1, 656).
       new_latent: (b, s_new, 576), kv_cache's dtype: per token the 512 compressed-KV values then
         the 64 RoPE'd key values (the same row mla_decode reads as key, its first 512 as value).
+        For an FP8 cache bfloat16, float16 or float32, quantized exactly as pack_fp8_kv does
+        (per-token scales: a written row depends on that token's values only).
       block_table: (b, max_pages) int32, as for mla_decode.
       positions: (b, s_new) int32 sequence positions; a negative position marks padding (that
         token is not written), so requests may add different numbers of tokens.

@@ -2,8 +2,9 @@
 
 Everything jax_mla takes from C++ comes through here: the FFI handlers (``ext.registrations()``),
 the table of limits the handlers check (``LIMITS``, from cuda/runtime/limits.h), the values of
-the ``kernel`` attribute (``KERNELS``), and the CUDA device queries. Test and benchmark hooks live in
-``jax_mla._ext.testing``, which the package does not use.
+the ``kernel`` attribute (``KERNELS``), the kernels that read an FP8 cache (``FP8_KERNELS``), and
+the CUDA device queries. Test and benchmark hooks live in ``jax_mla._ext.testing``, which the
+package does not use.
 """
 
 from __future__ import annotations
@@ -21,3 +22,5 @@ except ImportError as e:  # pragma: no cover - depends on how the package was in
 LIMITS: dict[str, int] = {str(k): int(v) for k, v in ext.limits().items()}
 # {"auto": 0, "sm90": 1, "sm100": 2, "portable": 3}: values of jax_mla_decode's "kernel" attribute.
 KERNELS: dict[str, int] = {str(k): int(v) for k, v in ext.KERNELS.items()}
+# The CUDA kernels that read an FP8 kv_cache (cuda/runtime/kernel_select.h kReadsFp8Cache).
+FP8_KERNELS: tuple[str, ...] = tuple(str(k) for k in ext.FP8_KERNELS)

@@ -8,7 +8,9 @@ One token is 656 bytes, uint8[..., 656]:
   scale is a power of two (at least 2**-13);
 - bytes 528..655: the 64 RoPE values as bfloat16 (little-endian), not quantized.
 
-A latent value dequantizes to ``float(e4m3) * scale``. mla_decode does not read this format yet.
+A latent value dequantizes to ``float(e4m3) * scale``. mla_decode and update_kv_cache take a uint8
+cache of such rows; the sizes come from the extension's table of limits (cuda/common/config.h), so
+the kernels and this module agree on the layout.
 """
 
 from __future__ import annotations
@@ -19,15 +21,20 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from . import _validate
 from ._validate import check_fp8_pack_rows, check_fp8_packed, check_fp8_unpack_dtype
 
-LATENT = 512
-ROPE = 64
-TILE = 128
+LATENT = _validate.HEAD_DIM_V
+ROPE = _validate.HEAD_DIM_QK - _validate.HEAD_DIM_V
+TILE = _validate.FP8_TILE_COLS
 TILES = LATENT // TILE
 E4M3_MAX = 448.0
 SCALE_FLOOR = 1e-4  # as float32, as FlashMLA computes it
-ROW_BYTES = LATENT + 4 * TILES + 2 * ROPE  # 656
+ROW_BYTES = _validate.FP8_ROW_BYTES
+# The layout this module writes must be the one the kernels read (latent bytes, scales, RoPE).
+if (LATENT % TILE, _validate.FP8_SCALES_OFFSET, _validate.FP8_ROPE_OFFSET, ROW_BYTES) != \
+        (0, LATENT, LATENT + 4 * TILES, LATENT + 4 * TILES + 2 * ROPE):
+    raise ImportError("jax_mla._fp8: the extension's FP8 row layout differs from this module's")
 
 
 def _ceil_pow2(y: jax.Array) -> jax.Array:
@@ -91,7 +98,7 @@ def unpack_fp8_kv(packed: jax.Array, dtype: Any = jnp.float32) -> jax.Array:
     is exact for bfloat16 too unless out of its range; float16 can overflow or lose small values.
     The RoPE values are the stored bfloat16 values cast to dtype.
     """
-    check_fp8_packed(packed, ROW_BYTES)
+    check_fp8_packed(packed)
     dt = check_fp8_unpack_dtype(dtype)
     packed = jnp.asarray(packed)
     lead = packed.shape[:-1]

@@ -85,6 +85,7 @@ def _decode_lowering_cuda(ctx, q, kv_cache, block_table, seq_lens, schedule, *, 
     num_pages, page_size = ctx.avals_in[1].shape[:2]
     max_pages = ctx.avals_in[2].shape[1]
     _validate.check_gpu_page_size(page_size)
+    _validate.check_gpu_kv_format(kernel, _validate.is_fp8_cache(ctx.avals_in[1]))
     nbytes = workspace_bytes(b, s_q * h_q, num_parts, chunk_blocks, max_pages, page_size,
                              schedule_given=ctx.avals_in[4].shape[0] != 0)
     workspace = jax.core.ShapedArray((nbytes,), np.uint8)
@@ -101,10 +102,11 @@ def _schedule_lowering(ctx, seq_lens, *, num_parts, chunk_blocks=0):
 def _auto_partitioned_decode(direct):
     # Multi-device computations partitioned by XLA get mla_decode's rule (_partitioning.py).
     return _partitioning.lowering(direct, _partitioning.decode, params=_DECODE_PARAMS,
-                                  multiple_results=True, export_direct=False)
+                                  defaults=dict(chunk_blocks=0), multiple_results=True,
+                                  export_direct=False)
 
 
-_DECODE_PARAMS = ("softmax_scale", "causal", "num_parts", "kernel")
+_DECODE_PARAMS = ("softmax_scale", "causal", "num_parts", "kernel", "chunk_blocks")
 
 # update_kv_cache's write is plain jax; exported, it stays the plain scatter (XLA's own scatter
 # partitioning, no Python callback).

@@ -2,7 +2,8 @@
 
 Token t of request r, at position p = positions[r, t], goes to row p % page_size of page
 block_table[r, p // page_size]; a token whose position or page id is out of range (negative
-positions included) is not written.
+positions included) is not written. A uint8 (FP8) cache gets the rows packed by pack_fp8_kv
+(656 bytes each, quantized per token), scattered like 576 values.
 """
 
 from __future__ import annotations
@@ -11,14 +12,19 @@ import jax
 import jax.numpy as jnp
 from jaxlib.version import __version__ as jaxlib_version
 
+from ._fp8 import pack_fp8_kv
+
 
 def write(kv_cache, new_latent, block_table, positions):
-    """The update on one shard's (or the whole) arrays; invalid entries are not written."""
+    """The update on one shard's (or the whole) arrays; invalid entries are not written. A uint8
+    (FP8) cache gets the packed rows: 656 bytes scattered like 576 values."""
     num_pages, page_size = kv_cache.shape[0], kv_cache.shape[1]
     row_shape = kv_cache.shape[2:]  # (576,) or (1, 576): no reshape of the cache (XLA copies it)
     max_pages = block_table.shape[1]
     n = positions.size
     pos = positions.reshape(n)
+    if kv_cache.dtype == jnp.uint8:
+        new_latent = pack_fp8_kv(new_latent)  # (b, s_new, 656): only the new rows are quantized
     rows = new_latent.reshape((n,) + row_shape)
     col = pos // page_size
     req = jnp.repeat(jnp.arange(block_table.shape[0], dtype=jnp.int32), positions.shape[1])

@@ -67,12 +67,13 @@ def _auto_partitioned_module(ctx) -> bool:
     return isinstance(ac, ShardingContext) and ac.num_devices > 1
 
 
-def lowering(direct, partitioned, *, params: tuple[str, ...] = (), multiple_results: bool,
-             export_direct: bool):
+def lowering(direct, partitioned, *, params: tuple[str, ...] = (), defaults: dict | None = None,
+             multiple_results: bool, export_direct: bool):
     """A lowering rule: `direct` (the plain lowering) on one device or in a manual computation,
     else the custom_partitioning function `partitioned` (operands, then the primitive's `params`
-    in that order). In an export: `direct` when export_direct, else EXPORT_ERROR."""
-    names = params
+    in that order; `defaults` for optional ones a bind may omit). In an export: `direct` when
+    export_direct, else EXPORT_ERROR."""
+    names, defaults = params, dict(defaults or {})
 
     def rule(ctx, *args, **params):
         if not _auto_partitioned_module(ctx):
@@ -81,7 +82,7 @@ def lowering(direct, partitioned, *, params: tuple[str, ...] = (), multiple_resu
             if export_direct:
                 return direct(ctx, *args, **params)
             raise ValueError(EXPORT_ERROR.format(n=ctx.module_context.axis_context.num_devices))
-        static = tuple(params[k] for k in names)
+        static = tuple(params[k] if k in params else defaults[k] for k in names)
         fn = lambda *xs: partitioned(*xs, *static)  # noqa: E731
         return mlir.lower_fun(fn, multiple_results=multiple_results)(ctx, *args)
     return rule
@@ -125,6 +126,14 @@ def _replicated_everywhere(mesh, arg_shapes):
     return mesh, NamedSharding(mesh, P())
 
 
+def _in_rule_order(rule: str, factors: str) -> tuple[str, ...]:
+    """The named factors that occur in the Shardy rule, in the order of their first occurrence
+    (the verifier wants a rule's special factors sorted by factor index)."""
+    order = list(dict.fromkeys(rule.replace(",", " ").replace("->", " ").split()))
+    wanted = set(factors.split())
+    return tuple(f for f in order if f in wanted)
+
+
 # ----------------------------------------------------------------------------------------------
 # mla_decode
 # ----------------------------------------------------------------------------------------------
@@ -154,23 +163,30 @@ class _DecodeSplit:
         self.out_specs = (P(B, None, H, None), P(B, None, H))
 
 
-def _decode_rule(softmax_scale, causal, num_parts, kernel, mesh, operand_types, result_types):
+def _decode_rule(softmax_scale, causal, num_parts, kernel, chunk_blocks, mesh, operand_types,
+                 result_types):
     # Shardy: batch (b) and heads (h) pass through; the rest must not pick up shardings from
     # the op (s_q splits change causal positions, the 576 / 512 columns, pages and table
-    # columns are read whole). The partition callback settles the cache's page axis.
-    return ("b s h d, p g d, b m, b, n -> b s h v, b s h",
-            dict(need_replication_factors=("s", "d", "g", "m", "n", "v")))
+    # columns are read whole). The partition callback settles the cache's page axis. The cache's
+    # row (k) is its own factor: 576 values, or 656 bytes in an FP8 cache.
+    rule = "b s h d, p g k, b m, b, n -> b s h v, b s h"
+    return rule, dict(need_replication_factors=_in_rule_order(rule, "s d g k m n v"))
 
 
-def _decode_infer(softmax_scale, causal, num_parts, kernel, mesh, arg_shapes, result_shape):
+def _decode_infer(softmax_scale, causal, num_parts, kernel, chunk_blocks, mesh, arg_shapes,
+                  result_shape):
     if mesh.empty or _dim_axes(arg_shapes[0]) is None:
         return None
     return [NamedSharding(mesh, s) for s in _DecodeSplit(mesh, *arg_shapes[:4]).out_specs]
 
 
-def _decode_partition(softmax_scale, causal, num_parts, kernel, mesh, arg_shapes, result_shape):
+def _decode_partition(softmax_scale, causal, num_parts, kernel, chunk_blocks, mesh, arg_shapes,
+                      result_shape):
     q, kv_cache, block_table, seq_lens, schedule = arg_shapes
-    params = dict(softmax_scale=softmax_scale, causal=causal, kernel=kernel)
+    # chunk_blocks (batch_invariant's chunk) goes to every shard: the per-shard plan is then the
+    # batch-invariant one, so the shards' bits are those of the unsharded call.
+    params = dict(softmax_scale=softmax_scale, causal=causal, kernel=kernel,
+                  chunk_blocks=chunk_blocks)
     if mesh.empty or _dim_axes(q) is None:
         mesh, rep = _replicated_everywhere(mesh, arg_shapes)
 
@@ -207,13 +223,14 @@ def _decode_partition(softmax_scale, causal, num_parts, kernel, mesh, arg_shapes
 
 
 def _decode_global(q, kv_cache, block_table, seq_lens, schedule, softmax_scale, causal,
-                   num_parts, kernel):
+                   num_parts, kernel, chunk_blocks):
     return _primitive.mla_decode_p.bind(q, kv_cache, block_table, seq_lens, schedule,
                                         softmax_scale=softmax_scale, causal=causal,
-                                        num_parts=num_parts, kernel=kernel)
+                                        num_parts=num_parts, kernel=kernel,
+                                        chunk_blocks=chunk_blocks)
 
 
-decode = custom_partitioning(_decode_global, static_argnums=(5, 6, 7, 8))
+decode = custom_partitioning(_decode_global, static_argnums=(5, 6, 7, 8, 9))
 decode.def_partition(partition=_decode_partition, infer_sharding_from_operands=_decode_infer,
                      sharding_rule=_decode_rule)
 
@@ -231,11 +248,12 @@ def _cache_specs(mesh, kv_cache, new_latent):
 
 def _cache_rule(mesh, operand_types, result_types):
     # The cache's page axis passes through to the result (a donated cache keeps its layout);
-    # new rows' batch is shared by rows, table and positions.
+    # new rows' batch is shared by rows, table and positions. The cache's row (k) and the new
+    # rows' (d) are distinct factors: an FP8 cache stores 656 bytes per 576-wide row.
     rank4 = len(operand_types[0].shape) == 4
-    cache = "p g o d" if rank4 else "p g d"
-    return (f"{cache}, b t d, b m, b t -> {cache}",
-            dict(need_replication_factors=("g", "d", "t", "m") + (("o",) if rank4 else ())))
+    cache = "p g o k" if rank4 else "p g k"
+    rule = f"{cache}, b t d, b m, b t -> {cache}"
+    return rule, dict(need_replication_factors=_in_rule_order(rule, "g o k t d m"))
 
 
 def _cache_infer(mesh, arg_shapes, result_shape):

@@ -2,7 +2,8 @@
 
 mla_decode_p(q, kv_cache, block_table, seq_lens, schedule; softmax_scale, causal, num_parts, kernel,
              chunk_blocks) -> (out, lse)
-  q (b, s_q, h_q, 576) bf16|f16, kv_cache (P, page, 576) same dtype, block_table (b, M) int32,
+  q (b, s_q, h_q, 576) bf16|f16, kv_cache (P, page, 576) same dtype or (P, page, 656) uint8 (FP8
+  rows, jax_mla._fp8: the dtype is the format), block_table (b, M) int32,
   seq_lens (b,) int32, schedule int32 of shape (0,) [computed in the op] or
   (schedule_size(b, num_parts, chunk_blocks > 0),) [from mla_decode_schedule_p]. Params are static
   Python values; kernel is "auto", "sm90", "sm100" or "portable" (which CUDA kernel; the CPU
@@ -51,7 +52,7 @@ def _decode_abstract_eval(q, kv_cache, block_table, seq_lens, schedule, *, softm
     if len(kv_cache.shape) != 3:
         raise ValueError(
             f"mla_decode: the primitive takes kv_cache of rank 3 (num_pages, page_size, "
-            f"{_validate.HEAD_DIM_QK}), got shape {tuple(kv_cache.shape)}")
+            f"{kv_cache.shape[-1]}), got shape {tuple(kv_cache.shape)}")
     _validate.check_softmax_scale(softmax_scale)
     _validate.check_bool("causal", causal)
     _validate.check_kernel(kernel)
@@ -112,10 +113,11 @@ def _decode_batch(args, bdims, *, softmax_scale, causal, num_parts, kernel, chun
 
     if kv_d is not None:
         # Each instance has its own cache: lay the V caches end to end as one cache of V*P pages
+        # (rows of either format: only the page axis changes)
         # and point instance v's block table at its own pages (ids shifted by v*P). Ids outside
         # [0, P) stay invalid (-1) so the kernels still report them instead of reading a
         # neighbouring instance's pages.
-        kv_cache = jnp.moveaxis(kv_cache, kv_d, 0)  # (V, P, page, 576)
+        kv_cache = jnp.moveaxis(kv_cache, kv_d, 0)  # (V, P, page, 576 or 656)
         num_pages = kv_cache.shape[1]
         if v * num_pages > np.iinfo(np.int32).max:
             raise ValueError(

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._extension import KERNELS, LIMITS
+from ._extension import FP8_KERNELS, KERNELS, LIMITS
 
 # The limits of cuda/runtime/limits.h, as the extension exports them: the handlers check the same
 # ones (tests/api/test_limits.py).
@@ -38,11 +38,20 @@ BLOCK_N = LIMITS["BLOCK_N"]  # KV tokens per scheduling block
 DEFAULT_INVARIANT_CHUNK = LIMITS["DEFAULT_INVARIANT_CHUNK"]  # batch_invariant's chunk (tokens)
 MAX_INVARIANT_CHUNK = LIMITS["MAX_INVARIANT_CHUNK"]
 _INT32_MAX = LIMITS["INT32_MAX"]
+# The FP8 cache row (cuda/common/config.h; jax_mla._fp8 packs it): a uint8 kv_cache's last dimension,
+# the latent values per float32 scale, and where the scales and the bfloat16 RoPE values start.
+FP8_ROW_BYTES = LIMITS["FP8_ROW_BYTES"]
+FP8_TILE_COLS = LIMITS["FP8_TILE_COLS"]
+FP8_SCALES_OFFSET = LIMITS["FP8_SCALES_OFFSET"]
+FP8_ROPE_OFFSET = LIMITS["FP8_ROPE_OFFSET"]
 # KERNELS: values of jax_mla_decode's int32 attribute "kernel" (cuda/runtime/kernel_select.h).
 _KERNEL_CHOICES = ", ".join(repr(k) for k in KERNELS)
 
 _FLOAT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(np.float16))
+_PACK_DTYPES = _FLOAT_DTYPES + (np.dtype(np.float32),)  # rows pack_fp8_kv quantizes
 _INT32 = np.dtype(np.int32)
+_UINT8 = np.dtype(np.uint8)  # a kv_cache of this dtype holds FP8 rows
+_FP8_HINT = f"uint8 for FP8 rows of {FP8_ROW_BYTES} bytes from pack_fp8_kv"
 
 
 class DecodeDims(NamedTuple):
@@ -52,6 +61,7 @@ class DecodeDims(NamedTuple):
     num_pages: int
     page_size: int
     max_pages: int
+    kv_fp8: bool = False  # kv_cache holds FP8 rows (uint8, FP8_ROW_BYTES a token)
 
 
 def schedule_size(batch: int, num_parts: int, invariant: bool = False) -> int:
@@ -105,21 +115,35 @@ def is_concrete(x: Any) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 
+def is_fp8_cache(kv_cache: Any) -> bool:
+    """The cache's dtype picks its format: uint8 means FP8 rows (jax_mla._fp8), else 576 values."""
+    return _dtype(kv_cache) == _UINT8
+
+
 def _check_kv_cache_shape(kv_cache: Any, where: str) -> tuple[int, int]:
-    """(num_pages, page_size, 576) or (num_pages, page_size, 1, 576); returns (num_pages, page_size)."""
+    """(num_pages, page_size, row) or (num_pages, page_size, 1, row), row = 576 values or, for a
+    uint8 cache, FP8_ROW_BYTES; returns (num_pages, page_size)."""
     kv_shape = _shape(kv_cache)
+    fp8 = is_fp8_cache(kv_cache)
+    row = FP8_ROW_BYTES if fp8 else HEAD_DIM_QK
     if len(kv_shape) == 4:
         if kv_shape[2] != 1:
             raise ValueError(
-                f"{where}: a rank-4 kv_cache must have shape (num_pages, page_size, 1, {HEAD_DIM_QK}) "
+                f"{where}: a rank-4 kv_cache must have shape (num_pages, page_size, 1, {row}) "
                 f"(one latent head), got shape {kv_shape}")
     elif len(kv_shape) != 3:
         raise ValueError(
-            f"{where}: kv_cache must have shape (num_pages, page_size, {HEAD_DIM_QK}) or "
-            f"(num_pages, page_size, 1, {HEAD_DIM_QK}), got shape {kv_shape}")
-    if kv_shape[-1] != HEAD_DIM_QK:
+            f"{where}: kv_cache must have shape (num_pages, page_size, {row}) or "
+            f"(num_pages, page_size, 1, {row}), got shape {kv_shape}")
+    if kv_shape[-1] != row:
+        if fp8:
+            raise ValueError(
+                f"{where}: a uint8 kv_cache holds FP8 rows (pack_fp8_kv) and must have last "
+                f"dimension {FP8_ROW_BYTES}, got shape {kv_shape}")
+        hint = (f" (a cache of {FP8_ROW_BYTES}-byte FP8 rows must have dtype uint8)"
+                if kv_shape[-1] == FP8_ROW_BYTES else "")
         raise ValueError(
-            f"{where}: kv_cache must have last dimension {HEAD_DIM_QK}, got shape {kv_shape}")
+            f"{where}: kv_cache must have last dimension {HEAD_DIM_QK}, got shape {kv_shape}{hint}")
     num_pages, page_size = kv_shape[0], kv_shape[1]
     if num_pages < 1:
         raise ValueError(f"{where}: kv_cache must have at least one page, got shape {kv_shape}")
@@ -145,7 +169,8 @@ def check_decode_operands(q: Any, kv_cache: Any, block_table: Any, seq_lens: Any
                           where: str = "mla_decode") -> DecodeDims:
     """Checks ranks, dims and dtypes of the four array operands; returns the problem's dims.
 
-    kv_cache may be (num_pages, page_size, 576) or (num_pages, page_size, 1, 576).
+    kv_cache may be (num_pages, page_size, 576) or (num_pages, page_size, 1, 576) of q's dtype, or
+    the same with FP8_ROW_BYTES uint8 (FP8 rows) in place of the 576 values.
     """
     q_shape = _shape(q)
     if len(q_shape) != 4 or q_shape[-1] != HEAD_DIM_QK:
@@ -168,7 +193,9 @@ def check_decode_operands(q: Any, kv_cache: Any, block_table: Any, seq_lens: Any
         raise TypeError(f"{where}: q must have dtype bfloat16 or float16, got {_dtype_name(q_dtype)}")
 
     num_pages, page_size = _check_kv_cache_shape(kv_cache, where)
-    _check_same_dtype(kv_cache, "kv_cache", q_dtype, "q", where)
+    fp8 = is_fp8_cache(kv_cache)
+    if not fp8:
+        _check_same_dtype(kv_cache, "kv_cache", q_dtype, "q", where, hint=f" (or {_FP8_HINT})")
 
     bt_shape = _check_block_table(block_table, b, "q", where)
 
@@ -178,7 +205,7 @@ def check_decode_operands(q: Any, kv_cache: Any, block_table: Any, seq_lens: Any
             f"{where}: seq_lens must have shape (b,) = ({b},) with b from q, got shape {sl_shape}")
     _check_int32(seq_lens, "seq_lens", where)
 
-    return DecodeDims(b, s_q, h_q, num_pages, page_size, bt_shape[1])
+    return DecodeDims(b, s_q, h_q, num_pages, page_size, bt_shape[1], fp8)
 
 
 def check_concrete_seq_lens(seq_lens: Any, block_table: Any, dims: DecodeDims,
@@ -220,6 +247,26 @@ def check_gpu_page_size(page_size: int, where: str = "mla_decode") -> None:
         raise ValueError(
             f"{where}: on CUDA, kv_cache must have a power-of-two page_size in "
             f"[{MIN_GPU_PAGE_SIZE}, {MAX_GPU_PAGE_SIZE}] (dimension 1), got page_size = {page_size}")
+
+
+def check_gpu_kv_format(kernel: str, fp8: bool, where: str = "mla_decode") -> None:
+    """An FP8 cache on CUDA (checked when lowering for CUDA): only kernels that read the format
+    may get it (FP8_KERNELS, from cuda/runtime/kernel_select.h; the handler refuses the rest too,
+    e.g. a JAX_MLA_KERNEL that names one). "auto" takes one of them when there is any."""
+    if not fp8:
+        return
+    readers = ", ".join(repr(k) for k in FP8_KERNELS)
+    if kernel == "auto":
+        if not FP8_KERNELS:
+            raise ValueError(
+                f"{where}: on CUDA, no kernel reads an FP8 kv_cache (uint8 rows of {FP8_ROW_BYTES} "
+                f"bytes) yet; run the call on the CPU, or unpack the cache with unpack_fp8_kv")
+        return
+    if kernel not in FP8_KERNELS:
+        which = f"kernels that read it: {readers}" if FP8_KERNELS else "no CUDA kernel reads it yet"
+        raise ValueError(
+            f"{where}: kernel {kernel!r} does not read an FP8 kv_cache (uint8 rows of "
+            f"{FP8_ROW_BYTES} bytes); {which}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -398,16 +445,22 @@ class CacheUpdateDims(NamedTuple):
     num_pages: int
     page_size: int
     max_pages: int
+    kv_fp8: bool = False  # kv_cache holds FP8 rows: new_latent is quantized (pack_fp8_kv)
 
 
 def check_cache_update_operands(kv_cache: Any, new_latent: Any, block_table: Any, positions: Any,
                                 where: str = "update_kv_cache") -> CacheUpdateDims:
-    """Ranks, dims and dtypes of update_kv_cache's operands; returns the problem's dims."""
+    """Ranks, dims and dtypes of update_kv_cache's operands; returns the problem's dims.
+
+    A bfloat16 / float16 cache takes new_latent of its own dtype; a uint8 cache (FP8 rows) takes
+    new_latent in bfloat16, float16 or float32, which update_kv_cache quantizes."""
     num_pages, page_size = _check_kv_cache_shape(kv_cache, where)
     kv_dtype = _dtype(kv_cache)
-    if kv_dtype not in _FLOAT_DTYPES:
+    fp8 = kv_dtype == _UINT8
+    if not fp8 and kv_dtype not in _FLOAT_DTYPES:
         raise TypeError(
-            f"{where}: kv_cache must have dtype bfloat16 or float16, got {_dtype_name(kv_dtype)}")
+            f"{where}: kv_cache must have dtype bfloat16 or float16, got {_dtype_name(kv_dtype)} "
+            f"(or {_FP8_HINT})")
 
     nl_shape = _shape(new_latent)
     if len(nl_shape) != 3 or nl_shape[-1] != HEAD_DIM_QK:
@@ -419,8 +472,16 @@ def check_cache_update_operands(kv_cache: Any, new_latent: Any, block_table: Any
     if b < 1 or s_new < 1:
         raise ValueError(
             f"{where}: new_latent must have b >= 1 requests and s_new >= 1 tokens, got shape {nl_shape}")
-    _check_same_dtype(new_latent, "new_latent", kv_dtype, "kv_cache", where,
-                      hint=" (convert it explicitly, e.g. with .astype(kv_cache.dtype))")
+    if fp8:
+        nl_dtype = _dtype(new_latent)
+        if nl_dtype not in _PACK_DTYPES:
+            raise TypeError(
+                f"{where}: new_latent must have dtype bfloat16, float16 or float32 for a uint8 "
+                f"(FP8) kv_cache (its rows are quantized as pack_fp8_kv does), got "
+                f"{_dtype_name(nl_dtype)}")
+    else:
+        _check_same_dtype(new_latent, "new_latent", kv_dtype, "kv_cache", where,
+                          hint=" (convert it explicitly, e.g. with .astype(kv_cache.dtype))")
 
     bt_shape = _check_block_table(block_table, b, "new_latent", where)
 
@@ -434,7 +495,7 @@ def check_cache_update_operands(kv_cache: Any, new_latent: Any, block_table: Any
         raise ValueError(
             f"{where}: kv_cache has {num_pages} pages; with {b * s_new} new tokens the page indices "
             f"no longer fit in int32")
-    return CacheUpdateDims(b, s_new, num_pages, page_size, bt_shape[1])
+    return CacheUpdateDims(b, s_new, num_pages, page_size, bt_shape[1], fp8)
 
 
 def _first_true(mask: np.ndarray) -> tuple[int, ...] | None:
@@ -484,9 +545,7 @@ def check_concrete_positions(positions: Any, block_table: Any, dims: CacheUpdate
             f"they write")
 
 
-# FP8 latent cache rows (jax_mla._fp8, which owns the format's sizes).
-_PACK_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.float32))
-_UINT8 = np.dtype(np.uint8)
+# FP8 latent cache rows (jax_mla._fp8).
 
 
 def check_fp8_pack_rows(rows: Any, where: str = "pack_fp8_kv") -> None:
@@ -502,12 +561,12 @@ def check_fp8_pack_rows(rows: Any, where: str = "pack_fp8_kv") -> None:
             f"{where}: rows must have dtype bfloat16, float16 or float32, got {_dtype_name(dt)}")
 
 
-def check_fp8_packed(packed: Any, row_bytes: int, where: str = "unpack_fp8_kv") -> None:
-    """packed: [..., row_bytes] uint8."""
+def check_fp8_packed(packed: Any, where: str = "unpack_fp8_kv") -> None:
+    """packed: [..., FP8_ROW_BYTES] uint8."""
     shape = _shape(packed)
-    if len(shape) < 1 or shape[-1] != row_bytes:
+    if len(shape) < 1 or shape[-1] != FP8_ROW_BYTES:
         raise ValueError(
-            f"{where}: packed must have shape (..., {row_bytes}) (one {row_bytes}-byte FP8 "
+            f"{where}: packed must have shape (..., {FP8_ROW_BYTES}) (one {FP8_ROW_BYTES}-byte FP8 "
             f"row per token, as pack_fp8_kv returns), got shape {shape}")
     dt = _dtype(packed)
     if dt != _UINT8:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from . import _validate
+from . import _fp8, _validate
 
 
 def mla_decode_reference(q, kv_cache, block_table, seq_lens, *, softmax_scale=None, causal=False,
@@ -18,7 +18,8 @@ def mla_decode_reference(q, kv_cache, block_table, seq_lens, *, softmax_scale=No
 
     Args:
       q: (b, s_q, h_q, 576); kv_cache: (num_pages, page_size, 576) or (num_pages, page_size, 1,
-        576); block_table: (b, max_pages) int32; seq_lens: (b,) int32.
+        576), or uint8 FP8 rows (..., 656) from pack_fp8_kv, read as unpack_fp8_kv(kv_cache) in
+        float32; block_table: (b, max_pages) int32; seq_lens: (b,) int32.
       softmax_scale: multiplies q . k; default 576 ** -0.5.
       causal: query token t sees cache positions < seq_len - s_q + t + 1.
       out_dtype: dtype of out; q's dtype by default (float32 keeps the unrounded result).
@@ -37,7 +38,7 @@ def mla_decode_reference(q, kv_cache, block_table, seq_lens, *, softmax_scale=No
     scale = _validate.HEAD_DIM_QK ** -0.5 if softmax_scale is None else softmax_scale
     out_dtype = q.dtype if out_dtype is None else out_dtype
 
-    b, s_q, h_q, d = q.shape
+    b, s_q, h_q, _ = q.shape
     num_pages, page_size, _ = kv_cache.shape
     max_pages = block_table.shape[1]
     num_keys = max_pages * page_size
@@ -45,7 +46,11 @@ def mla_decode_reference(q, kv_cache, block_table, seq_lens, *, softmax_scale=No
     # Dense per-request cache (b, max_pages * page_size, 576). Entries past a request's pages may
     # be anything, so clamp them to a valid id and mask the gathered rows below.
     pages = jnp.clip(block_table, 0, num_pages - 1)
-    keys = kv_cache[pages].reshape(b, num_keys, d).astype(jnp.float32)
+    keys = kv_cache[pages].reshape(b, num_keys, kv_cache.shape[-1])
+    if _validate.is_fp8_cache(kv_cache):
+        # FP8 rows dequantized exactly to float32; garbage in unused rows is masked below.
+        keys = _fp8.unpack_fp8_kv(keys, jnp.float32)
+    keys = keys.astype(jnp.float32)
     pos = jnp.arange(num_keys)
     in_cache = pos[None, :] < seq_lens[:, None]                        # (b, T)
     keys = jnp.where(in_cache[:, :, None], keys, 0.0)                  # no NaN from unused rows

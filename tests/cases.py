@@ -7,6 +7,10 @@ kernel must never read is poisoned:
   - pages no request uses, and the rows past seq_len in a request's last page, hold NaN;
   - block-table slots past a request's pages hold invalid ids (-1, num_pages, INT32_MAX, ...),
     so reading one is out of bounds rather than quietly a valid page.
+
+make_fp8(case) builds the same kind of problem over an FP8 cache (uint8 rows of 656 bytes,
+jax_mla.pack_fp8_kv): its dense truth is unpack_fp8_kv of the packed rows, and its unused memory
+is poisoned byte-wise (NaN e4m3 values, NaN / inf scales, NaN RoPE values).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_mla import pack_fp8_kv, unpack_fp8_kv
 from jax_mla.reference import mla_decode_reference
 
 HEAD_DIM_QK = 576
@@ -116,6 +121,81 @@ def make(case: Case) -> CaseData:
     if case.rank4_cache:
         kv = kv.reshape(num_pages, page, 1, HEAD_DIM_QK)
     return CaseData(case, q, kv, table, np.asarray(case.lens, np.int32), dense)
+
+
+# ----------------------------------------------------------------------------------------------
+# FP8 caches (uint8 rows of FP8_ROW_BYTES, jax_mla._fp8)
+# ----------------------------------------------------------------------------------------------
+
+FP8_ROW_BYTES = 656
+# Latent tile magnitudes of the FP8 cases: mostly unit, some tiny (the 1e-4 scale floor applies:
+# values round to few e4m3 bits or flush to 0), some large (scales well above 1).
+_FP8_TILE_MAGS = np.array([1.0, 1.0, 1.0, 1.0, 0.25, 4.0, 1e-3, 20.0])
+
+
+def _fp8_rows(rng, n: int) -> np.ndarray:
+    """(n, 576) float32 latent rows with a random magnitude per 128-value tile."""
+    rows = rng.standard_normal((n, HEAD_DIM_QK)).astype(np.float32)
+    mags = rng.choice(_FP8_TILE_MAGS, size=(n, 4)).astype(np.float32)
+    rows[:, :HEAD_DIM_V] *= np.repeat(mags, HEAD_DIM_V // 4, axis=1)
+    return rows
+
+
+def fp8_poison_rows(rng, n: int) -> np.ndarray:
+    """(n, 656) uint8 rows a kernel must not read: finite-looking e4m3 bytes whose tile scales are
+    NaN or +inf (so only the scale bytes poison them) and NaN RoPE values."""
+    rows = rng.integers(0, 0x7E, size=(n, FP8_ROW_BYTES), dtype=np.uint8)  # 0..0x7D: finite e4m3
+    scales = rng.choice(np.array([0x7FC00000, 0x7F800000, 0xFFC00001], np.uint32), size=(n, 4))
+    rows[:, 512:528] = scales.astype("<u4").view(np.uint8).reshape(n, 16)
+    rows[:, 528:] = np.full((n, 64), 0x7FC0, "<u2").view(np.uint8).reshape(n, 128)
+    return rows
+
+
+def make_fp8(case: Case) -> CaseData:
+    """The case over an FP8 cache: q in case.dtype (bf16 / fp16), kv_cache uint8 (P, page, 656) (or
+    (P, page, 1, 656) with rank4_cache). dense_kv holds unpack_fp8_kv of each request's rows in
+    float32: the ground truth the float64 brute force reads. Unused pages are all 0xFF bytes (NaN
+    values, NaN scales, NaN RoPE); unused rows of used pages are fp8_poison_rows."""
+    rng = np.random.default_rng(case.seed)
+    dt = DTYPES[case.dtype]
+    b, page = case.b, case.page_size
+    q = (rng.standard_normal((b, case.s_q, case.h_q, HEAD_DIM_QK)) * case.q_std).astype(dt)
+    # Packed and unpacked in one call over a power-of-two row count (few distinct shapes to
+    # compile across cases), then cut per request.
+    total = sum(case.lens)
+    rows = _fp8_rows(rng, 1 << max(total - 1, 63).bit_length())
+    all_packed = np.asarray(pack_fp8_kv(rows))
+    all_dense = np.asarray(unpack_fp8_kv(all_packed, jnp.float32))
+    cuts = np.cumsum((0,) + tuple(case.lens))
+    packed = [all_packed[a:e] for a, e in zip(cuts[:-1], cuts[1:])]
+    dense = [all_dense[a:e] for a, e in zip(cuts[:-1], cuts[1:])]
+
+    pages_of = [math.ceil(n / page) for n in case.lens]
+    num_pages = max(sum(pages_of) + case.extra_pages, 1)
+    max_pages = max(max(pages_of), 1) + case.extra_slots
+
+    ids = rng.permutation(num_pages).astype(np.int32)
+    kv = np.full((num_pages, page, FP8_ROW_BYTES), 0xFF, np.uint8)
+    poison = np.array(_POISON_IDS + (num_pages, num_pages + 5), dtype=np.int64)
+    table = rng.choice(poison, size=(b, max_pages)).astype(np.int32)
+    nxt = 0
+    for r in range(b):
+        for i in range(pages_of[r]):
+            pid = ids[nxt]
+            nxt += 1
+            table[r, i] = pid
+            rows = packed[r][i * page:(i + 1) * page]
+            kv[pid, :rows.shape[0]] = rows
+            kv[pid, rows.shape[0]:] = fp8_poison_rows(rng, page - rows.shape[0])
+    if case.rank4_cache:
+        kv = kv.reshape(num_pages, page, 1, FP8_ROW_BYTES)
+    return CaseData(case, q, kv, table, np.asarray(case.lens, np.int32), dense)
+
+
+def max_abs_value(data: CaseData) -> float:
+    """Largest |v| over all cached value columns (the first 512): out is a convex combination of
+    value rows, so absolute fp32 noise in out scales with it."""
+    return max([float(np.abs(k[:, :HEAD_DIM_V]).max()) for k in data.dense_kv if k.size] + [0.0])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -269,12 +349,14 @@ def check_structure(out, lse, ref_lse):
     return out, lse, empty
 
 
-def assert_close_rounding_only(out, lse, ref_out, ref_lse, dtype: str, score_mag: float):
-    """Elementwise: |out - ref| <= u |ref| + atol (u: unit roundoff of dtype, atol: fp32 noise)."""
+def assert_close_rounding_only(out, lse, ref_out, ref_lse, dtype: str, score_mag: float,
+                               value_mag: float = 1.0):
+    """Elementwise: |out - ref| <= u |ref| + atol (u: unit roundoff of dtype, atol: fp32 noise,
+    relative to the values' magnitude value_mag when that exceeds 1)."""
     out, lse, empty = check_structure(out, lse, ref_lse)
     ref_out = np.asarray(ref_out, np.float64)
     ref_lse = np.asarray(ref_lse, np.float64)
-    atol = 1e-5 + 2e-6 * score_mag
+    atol = (1e-5 + 2e-6 * score_mag) * max(value_mag, 1.0)
     err = np.abs(out - ref_out)
     bound = UNIT_ROUNDOFF[dtype] * np.abs(ref_out) + atol
     bad = err > bound

@@ -22,6 +22,20 @@ inline constexpr int kHeadDimV = 512;
 // RoPE part of the row, after the latent part.
 inline constexpr int kHeadDimRope = kHeadDimQK - kHeadDimV;
 
+// The FP8 latent cache (FlashMLA's DeepSeek-V3.2 layout, packed by jax_mla/_fp8.py): one token is
+// kFp8RowBytes bytes instead of 576 16-bit values:
+//   [0, 512)    the kHeadDimV latent values as float8_e4m3fn, in kFp8Tiles tiles of kFp8TileCols;
+//   [512, 528)  one float32 scale per tile (little-endian); a latent value is float(e4m3) * scale;
+//   [528, 656)  the kHeadDimRope RoPE values as bfloat16 (little-endian), not quantized.
+// Keys are the whole dequantized row, values its latent part, exactly as for a 16-bit cache.
+inline constexpr int kFp8TileCols = 128;
+inline constexpr int kFp8Tiles = kHeadDimV / kFp8TileCols;
+inline constexpr int kFp8ScalesOffset = kHeadDimV;                       // bytes of e4m3 values first
+inline constexpr int kFp8RopeOffset = kFp8ScalesOffset + 4 * kFp8Tiles;  // then the float32 scales
+inline constexpr int kFp8RowBytes = kFp8RopeOffset + 2 * kHeadDimRope;   // then the bf16 RoPE values
+static_assert(kHeadDimV % kFp8TileCols == 0, "FP8 scale tiles must divide the latent part");
+static_assert(kFp8RowBytes == 656, "FlashMLA's V32 FP8 row is 656 bytes");
+
 // Tokens per scheduling block. The split-KV scheduler hands out work in whole blocks of
 // this many cached tokens, and the GPU kernels load KV tiles of exactly this many rows,
 // so one scheduled block is one KV tile (BN_QK).

@@ -15,6 +15,10 @@ namespace jax_mla {
 
 enum class DType : int { kBF16 = 0, kF16 = 1 };
 
+// How kv_cache stores a token's 576-wide latent row: 576 values of q's dtype (kDense), or the
+// 656-byte FP8 row of config.h (kFp8: e4m3 latent values with per-tile scales, bf16 RoPE).
+enum class KvFormat : int { kDense = 0, kFp8 = 1 };
+
 struct DecodeProblem {
   // Shapes.
   int batch;         // b
@@ -25,17 +29,20 @@ struct DecodeProblem {
   int page_size;     // tokens per page
   int max_pages;     // columns of the block table
   int num_parts;     // parts of the split-KV schedule
-  DType dtype;
+  DType dtype;       // q's and out's element type (and kv_cache's when kv_format is kDense)
 
   float softmax_scale;  // multiplies q . k
   bool causal;          // query token t sees positions < seq_len - s_q + t + 1
   // The batch-invariant plan's parameters ({0, 0}: the default plans). The kernels walk whatever
   // plan the schedule holds; the launch reads this to plan in the op and size the workspace.
   ChunkSpec chunks;
+  // After `chunks`, in what was padding before the pointers: the struct (a __grid_constant__
+  // kernel parameter) keeps its size and every other field its offset.
+  KvFormat kv_format;
 
   // Inputs (device or host pointers, per platform).
   const void* q;                // (b, s_q, h_q, 576)       row-major
-  const void* kv_cache;         // (num_pages, page_size, 576) row-major
+  const void* kv_cache;         // (num_pages, page_size, 576) row-major, or (..., 656) bytes when kFp8
   const int32_t* block_table;   // (b, max_pages)
   const int32_t* seq_lens;      // (b)
   const int32_t* schedule;      // (schedule_size(b, num_parts)), see scheduler.h

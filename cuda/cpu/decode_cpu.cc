@@ -3,13 +3,15 @@
 // Work decomposition, identical to the GPU kernels so that both walk the same schedule:
 //   task (p, m) = part p of the schedule x m-block m (query rows [m*kBlockM, (m+1)*kBlockM)).
 // A task converts its query rows to fp32 once per piece and every KV token row once per KV
-// block, and reuses that token row for all of its query rows (rows of a request share KV).
+// block (an FP8 row is dequantized then: load_fp8_row), and reuses that token row for all of its
+// query rows (rows of a request share KV).
 #include "cpu/decode_cpu.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <system_error>
 #include <thread>
@@ -45,6 +47,39 @@ void store_row(DType dtype, const float* src, float scale, int count, uint16_t* 
   }
 }
 
+// float(e4m3) of every byte value: one table lookup per FP8 latent value.
+struct E4m3Table {
+  float value[256];
+  E4m3Table() {
+    for (int i = 0; i < 256; ++i) value[i] = fp8_e4m3_to_float(static_cast<uint8_t>(i));
+  }
+};
+
+const float* e4m3_table() {
+  static const E4m3Table table;
+  return table.value;
+}
+
+// One 656-byte FP8 row (common/config.h) -> its 576 values in fp32, the values
+// jax_mla.unpack_fp8_kv(row, float32) gives: latent = float(e4m3) * scale as one fp32 product
+// (exact for the power-of-two scales pack_fp8_kv writes; any other scale rounds as unpack's does),
+// RoPE = the stored bf16 values (exact in fp32). Only called for rows below seq_len, so the
+// scales of unused rows (often garbage or NaN) are never read.
+void load_fp8_row(const uint8_t* row, const float* e4m3, float* dst) {
+  for (int tile = 0; tile < kFp8Tiles; ++tile) {
+    float scale;
+    std::memcpy(&scale, row + kFp8ScalesOffset + 4 * tile, sizeof(scale));  // little-endian host
+    const uint8_t* v = row + tile * kFp8TileCols;
+    float* d = dst + tile * kFp8TileCols;
+    for (int i = 0; i < kFp8TileCols; ++i) d[i] = e4m3[v[i]] * scale;
+  }
+  for (int i = 0; i < kHeadDimRope; ++i) {
+    uint16_t h;
+    std::memcpy(&h, row + kFp8RopeOffset + 2 * i, sizeof(h));  // 2-byte aligned only
+    dst[kHeadDimV + i] = bf16_to_float(h);
+  }
+}
+
 // Per-thread buffers, allocated once per worker and reused by all of its tasks.
 struct TaskScratch {
   std::vector<float> q;        // (kBlockM, 576) the task's query rows in fp32
@@ -74,7 +109,9 @@ class DecodeCpu {
   DecodeCpu(const DecodeProblem& p, bool baseline_gemm)
       : p_(p),
         q_(static_cast<const uint16_t*>(p.q)),
-        kv_cache_(static_cast<const uint16_t*>(p.kv_cache)),
+        kv_cache_(static_cast<const uint8_t*>(p.kv_cache)),
+        kv_row_bytes_(p.kv_format == KvFormat::kFp8 ? kFp8RowBytes : kHeadDimQK * sizeof(uint16_t)),
+        e4m3_(p.kv_format == KvFormat::kFp8 ? e4m3_table() : nullptr),
         out_(static_cast<uint16_t*>(p.out)),
         split_offsets_(p.schedule + split_offsets_begin(p.num_parts)),
         combine_(p.schedule + combine_begin(p.batch, p.num_parts)),
@@ -159,11 +196,11 @@ class DecodeCpu {
       // KV block -> fp32, padded with zero rows to whole token tiles (their scores are ignored).
       const int padded_tokens = (num_tokens + kBlockGemmTokenTile - 1) / kBlockGemmTokenTile * kBlockGemmTokenTile;
       for (int j = 0; j < num_tokens; ++j) {
-        // kv_cache (num_pages, page_size, 576): token j lives in page block_table[r, j / page_size].
+        // kv_cache (num_pages, page_size, row): token j lives in page block_table[r, j / page_size].
         const int token = token0 + j;
         const int64_t page = pages[token / p_.page_size];
-        const uint16_t* kv_row = kv_cache_ + (page * p_.page_size + token % p_.page_size) * kHeadDimQK;
-        load_row(p_.dtype, kv_row, kHeadDimQK, &s.kv[static_cast<int64_t>(j) * kHeadDimQK]);
+        const uint8_t* kv_row = kv_cache_ + (page * p_.page_size + token % p_.page_size) * kv_row_bytes_;
+        load_kv_row(kv_row, &s.kv[static_cast<int64_t>(j) * kHeadDimQK]);
       }
       std::fill(s.kv.begin() + static_cast<int64_t>(num_tokens) * kHeadDimQK,
                 s.kv.begin() + static_cast<int64_t>(padded_tokens) * kHeadDimQK, 0.f);
@@ -219,9 +256,21 @@ class DecodeCpu {
     }
   }
 
+  // One cache row (kv_row_bytes_ bytes) -> its 576 values in fp32. The format only changes how a
+  // row becomes fp32; everything after (products, softmax, merge) is the same for both.
+  void load_kv_row(const uint8_t* row, float* dst) const {
+    if (e4m3_ != nullptr) {
+      load_fp8_row(row, e4m3_, dst);
+    } else {
+      load_row(p_.dtype, reinterpret_cast<const uint16_t*>(row), kHeadDimQK, dst);
+    }
+  }
+
   const DecodeProblem& p_;
   const uint16_t* q_;               // (b, rows, 576)
-  const uint16_t* kv_cache_;        // (num_pages, page_size, 576)
+  const uint8_t* kv_cache_;         // (num_pages, page_size, kv_row_bytes_)
+  int64_t kv_row_bytes_;            // 576 16-bit values, or kFp8RowBytes (KvFormat::kFp8)
+  const float* e4m3_;               // (256) float(e4m3) of each byte when kFp8, else null
   uint16_t* out_;                   // (b, rows, 512)
   const int32_t* split_offsets_;    // (b + 1)
   const int32_t* combine_;          // (kCombineHeader + b) combine list, scheduler.h

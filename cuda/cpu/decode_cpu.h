@@ -54,6 +54,17 @@ inline uint16_t float_to_bf16(float x) {
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+// float8_e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities, S.1111.111 is NaN.
+// Every value is exact in fp32.
+inline float fp8_e4m3_to_float(uint8_t v) {
+  const uint32_t sign = static_cast<uint32_t>(v & 0x80u) << 24;
+  const uint32_t exponent = (v >> 3) & 0xfu;
+  const uint32_t mantissa = v & 0x7u;
+  if (exponent == 0xfu && mantissa == 0x7u) return bits_float(sign | 0x7fc00000u);
+  if (exponent == 0) return bits_float(sign | float_bits(static_cast<float>(mantissa) * 0.001953125f));  // * 2^-9
+  return bits_float(sign | ((exponent + (127 - 7)) << 23) | (mantissa << 20));
+}
+
 // fp16: 1 sign, 5 exponent (bias 15), 10 mantissa bits.
 inline float fp16_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;

@@ -52,7 +52,7 @@ ffi::Error check_requests(const DecodeProblem& p) {
 }
 
 ffi::Error decode_cpu_impl(ffi::AnyBuffer q,            // (b, s_q, h_q, 576) bf16 | f16
-                           ffi::AnyBuffer kv_cache,     // (num_pages, page_size, 576) q's dtype
+                           ffi::AnyBuffer kv_cache,     // (num_pages, page_size, 576) q's dtype | (..., 656) u8
                            ffi::AnyBuffer block_table,  // (b, max_pages) s32
                            ffi::AnyBuffer seq_lens,     // (b,) s32
                            ffi::AnyBuffer schedule,     // (0,) or (schedule_size(b, num_parts),) s32

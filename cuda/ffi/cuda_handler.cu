@@ -97,7 +97,8 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
 
   const DeviceState* device = nullptr;
   if (Status s = ready_device("jax_mla_decode", &device); !s.ok()) return to_ffi(s);
-  const KernelSelection sel = select_on(*device, kernel);
+  // An FP8 cache only reaches a kernel that reads it (kernel_select.h kReadsFp8Cache).
+  const KernelSelection sel = select_on(*device, kernel, shape.kv_format == KvFormat::kFp8);
   if (!sel.error.empty()) return invalid_argument("jax_mla_decode", sel.error);
   if (sel.needs_self_check) {
     return ffi::Error(ffi::ErrorCode::kInternal, "jax_mla_decode: the self-check did not run in the initialize stage");
@@ -149,7 +150,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MlaDecodeCudaExecute, jax_mla::DecodeExecuteImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()  // q            (b, s_q, h_q, 576)
-                                  .Arg<ffi::AnyBuffer>()  // kv_cache     (num_pages, page_size, 576)
+                                  .Arg<ffi::AnyBuffer>()  // kv_cache     (num_pages, page_size, 576 | 656 u8)
                                   .Arg<ffi::AnyBuffer>()  // block_table  (b, max_pages) s32
                                   .Arg<ffi::AnyBuffer>()  // seq_lens     (b,) s32
                                   .Arg<ffi::AnyBuffer>()  // schedule     (0,) or (schedule_size,) s32

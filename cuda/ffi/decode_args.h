@@ -61,6 +61,7 @@ struct DecodeShape {
   int num_pages = 0, page_size = 0, max_pages = 0;
   int num_parts = 0;
   DType dtype = DType::kBF16;
+  KvFormat kv_format = KvFormat::kDense;
   bool schedule_given = false;  // false: the schedule operand has shape (0,), plan it in the op
   // The batch-invariant plan ({0, 0}: the default plans). max_chunks is S for this call: the op's
   // own plan bounds it by the block table's capacity, a passed schedule (decode_schedule, which
@@ -76,7 +77,7 @@ inline bool chunk_blocks_ok(int32_t chunk_blocks) {
 
 // Checks the operands, results and attributes of jax_mla_decode; on success `shape` describes them.
 inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576) bf16 | f16
-                               ffi::AnyBuffer kv_cache,     // (num_pages, page_size, 576) q's dtype
+                               ffi::AnyBuffer kv_cache,     // (num_pages, page_size, 576) q's dtype | (..., 656) u8
                                ffi::AnyBuffer block_table,  // (b, max_pages) s32
                                ffi::AnyBuffer seq_lens,     // (b,) s32
                                ffi::AnyBuffer schedule,     // (0,) or (schedule_size(b, num_parts),) s32
@@ -104,14 +105,19 @@ inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576
     return invalid_argument(kTarget, "h_q = q.shape[2] = ", heads_q, " must be in [1, ", kMaxHeadsQ, "]");
   }
 
-  const auto kd = kv_cache.dimensions();
-  if (kd.size() != 3 || kd[2] != kHeadDimQK) {
-    return invalid_argument(kTarget, "kv_cache must have shape (num_pages, page_size, ", kHeadDimQK, "), got ",
-                            shape_string(kd));
-  }
-  if (kv_cache.element_type() != dtype) {
+  // The cache's element type picks its format: q's dtype (576 values a token) or uint8 (the
+  // 656-byte FP8 row of common/config.h). Anything else is a mistake, whatever its shape.
+  const bool fp8 = kv_cache.element_type() == ffi::DataType::U8;
+  if (!fp8 && kv_cache.element_type() != dtype) {
     return invalid_argument(kTarget, "kv_cache dtype ", dtype_name(kv_cache.element_type()),
-                            " differs from q dtype ", dtype_name(dtype));
+                            " differs from q dtype ", dtype_name(dtype), " (or is uint8 for FP8 rows of ",
+                            kFp8RowBytes, " bytes)");
+  }
+  const int64_t row_width = fp8 ? kFp8RowBytes : kHeadDimQK;
+  const auto kd = kv_cache.dimensions();
+  if (kd.size() != 3 || kd[2] != row_width) {
+    return invalid_argument(kTarget, "kv_cache must have shape (num_pages, page_size, ", row_width, ")",
+                            fp8 ? " (uint8: FP8 rows)" : "", ", got ", shape_string(kd));
   }
   const int64_t num_pages = kd[0], page_size = kd[1];
   if (page_size < 1) return invalid_argument(kTarget, "kv_cache page_size = kv_cache.shape[1] must be >= 1, got ", page_size);
@@ -194,6 +200,7 @@ inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576
   d.max_pages = static_cast<int>(max_pages);
   d.num_parts = num_parts;
   d.dtype = dtype == ffi::DataType::BF16 ? DType::kBF16 : DType::kF16;
+  d.kv_format = fp8 ? KvFormat::kFp8 : KvFormat::kDense;
   d.schedule_given = schd[0] != 0;
   if (invariant) {
     const int64_t capacity = d.schedule_given ? -1 : static_cast<int64_t>(max_pages) * page_size;
@@ -218,6 +225,7 @@ inline DecodeProblem decode_problem(const DecodeShape& d, ffi::AnyBuffer q, ffi:
   p.max_pages = d.max_pages;
   p.num_parts = d.num_parts;
   p.dtype = d.dtype;
+  p.kv_format = d.kv_format;
   p.softmax_scale = softmax_scale;
   p.causal = causal;
   p.chunks = d.chunks;

@@ -25,11 +25,20 @@
 // Registers per thread (budget 255 at 256 threads, 1 CTA per SM): O 64 + Q 36 + scores 16 + P 8 +
 // operand fragments 4 + softmax state 6 + loader state and addresses ~25: about 160.
 // Shared memory: 2 stages x 36 KB (KV) + 16 KB (partial scores) = 88 KB <= 99 KB.
+//
+// FP8 cache (KvFormat::kFp8, common/config.h): the loader copies a sub-tile's raw 656-byte rows
+// (41 chunks of 16 bytes: 512 e4m3, 4 fp32 scales, 64 bf16 RoPE) into one of two raw stages, and
+// the whole CTA dequantizes the raw stage into ONE 16-bit stage of the layout above (q's dtype),
+// which the tensor-core, softmax and epilogue code reads unchanged. Two 16-bit stages would not fit
+// beside the raw ones: 36 KB + 2 x 20.5 KB (raw) + 16 KB = 93 KB <= 99 KB. The raw copies of
+// sub-tile j + 1 are in flight while j is dequantized and computed, as the 16-bit copies are.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/config.h"
+#include "../common/problem.h"
 
 namespace jax_mla::portable {
 
@@ -78,12 +87,37 @@ struct SharedStorage {
   float4 partial_scores[kRowGroups][kWarpsPerRowGroup][kKeyTiles][32];
 };
 
+// FP8 rows: 16-byte chunks per row; thread (row, chunk c) of the 16-bit mapping copies chunks
+// c, c + 8, ... of its token's row (kFp8CopiesPerThread at most).
+inline constexpr int kFp8RowChunks = kFp8RowBytes / 16;
+inline constexpr int kFp8CopiesPerThread = (kFp8RowChunks + kChunksPerBoxRow - 1) / kChunksPerBoxRow;
+static_assert(kFp8RowBytes % 16 == 0, "FP8 rows must be whole 16-byte cp.async chunks");
+static_assert(kFp8TileCols % kBoxCols == 0, "a 64-column box must lie inside one FP8 scale tile");
+static_assert(kFp8RopeOffset % 16 == 0 && kHeadDimRope == kBoxCols,
+              "the RoPE part is the last box: one 16-byte chunk of 8 bf16 per thread");
+
+// Shared memory of one CTA over an FP8 cache.
 template <typename Element>
-inline constexpr int kSmemBytes = sizeof(SharedStorage<Element>);
+struct SharedStorageFp8 {
+  // The dequantized sub-tile: SharedStorage's kv with its one stage (same swizzled layout).
+  Element kv[1][kBoxes][kTileKeys][kBoxCols];
+  float4 partial_scores[kRowGroups][kWarpsPerRowGroup][kKeyTiles][32];
+  // (stage, token, byte): the raw rows of a sub-tile, as in the cache (16-byte aligned rows).
+  uint8_t raw[kStages][kTileKeys][kFp8RowBytes];
+};
+
+template <typename Element, KvFormat kFormat>
+using Storage = std::conditional_t<kFormat == KvFormat::kFp8, SharedStorageFp8<Element>, SharedStorage<Element>>;
+
+template <typename Element, KvFormat kFormat = KvFormat::kDense>
+inline constexpr int kSmemBytes = sizeof(Storage<Element, kFormat>);
 // The smallest per-block shared-memory limit among the GPUs the kernel targets (SM86 / SM89 / SM120).
 inline constexpr int kMinSmemOptIn = 101376;
 static_assert(sizeof(SharedStorage<uint16_t>) <= kMinSmemOptIn, "exceeds the 99 KB opt-in limit of SM86/89/120");
 static_assert(sizeof(SharedStorage<uint16_t>) == kStages * kStageBytes + 16 * 1024, "layout as budgeted above");
+static_assert(sizeof(SharedStorageFp8<uint16_t>) <= kMinSmemOptIn, "FP8: exceeds the 99 KB opt-in limit");
+static_assert(sizeof(SharedStorageFp8<uint16_t>) == kStageBytes + 16 * 1024 + kStages * kTileKeys * kFp8RowBytes,
+              "FP8 layout as budgeted above");
 
 // Named barriers (id 0 is __syncthreads): one per row group, among its 4 warps.
 inline constexpr int kBarPartialScores = 1;  // + row group: partial scores of the sub-tile written

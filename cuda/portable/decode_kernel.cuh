@@ -19,16 +19,17 @@
 
 namespace jax_mla::portable {
 
-template <typename Element>
+// kFormat: how the cache stores a row (p.kv_format; config.h for the FP8 stages).
+template <typename Element, KvFormat kFormat>
 __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ DecodeProblem p) {
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<SharedStorage<Element>*>(smem_raw);
+  auto& s = *reinterpret_cast<Storage<Element, kFormat>*>(smem_raw);
 
   // CTA x: part x / m_blocks, row block x % m_blocks (the row blocks of a part are neighbours).
   const int m_blocks = num_row_blocks(p.rows);
   const int part = blockIdx.x / m_blocks;
   const int m_block = blockIdx.x % m_blocks;
-  mainloop<Element>(s, p, PartWork(p.schedule, p.num_parts, part, p.seq_lens), m_block);
+  mainloop<Element, kFormat>(s, p, PartWork(p.schedule, p.num_parts, part, p.seq_lens), m_block);
 }
 
 }  // namespace jax_mla::portable

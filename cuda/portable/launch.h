@@ -8,14 +8,16 @@
 
 namespace jax_mla::portable {
 
-// One-time per-device setup (opt-in shared memory, 88 KB); call from the FFI initialize stage.
-template <typename Element>
+// One-time per-device setup (opt-in shared memory, 88 KB; 93 KB for an FP8 cache); call from the
+// FFI initialize stage. kFormat: the cache's row format (KvFormat, common/problem.h).
+template <typename Element, KvFormat kFormat = KvFormat::kDense>
 cudaError_t setup_decode();
 
 // Launches the decode kernel over num_parts * ceil(p.rows / 32) CTAs in plain stream order (no
 // programmatic dependent launch: the same code runs from PTX on GPUs without it). p.schedule must
-// be set; the combine kernel runs after it (launch_combine with programmatic = false).
-template <typename Element>
+// be set and p.kv_format be kFormat; the combine kernel runs after it (launch_combine with
+// programmatic = false).
+template <typename Element, KvFormat kFormat = KvFormat::kDense>
 cudaError_t launch_decode(const DecodeProblem& p, cudaStream_t stream);
 
 }  // namespace jax_mla::portable

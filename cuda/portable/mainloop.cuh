@@ -13,6 +13,12 @@
 // key: its copies are zero fills and its computation is skipped (it would leave O, m and l as they
 // are). The loop has the same barriers either way. After a piece's last sub-tile: the epilogue
 // (epilogue.cuh).
+//
+// FP8 cache (config.h): sub-tile j's raw rows land in raw stage j % 2 and the single 16-bit stage
+// takes the dequantized sub-tile:
+//   wait for raw stage j, __syncthreads (also: every warp is done with sub-tile j - 1's 16-bit stage)
+//   dequantize raw -> 16-bit stage, __syncthreads, the loader issues sub-tile j + 2 into the raw stage
+//   Q K^T, softmax, P V on the 16-bit stage, as above (no barrier after: the next wait's covers it).
 #pragma once
 
 #include <cmath>
@@ -32,9 +38,10 @@
 namespace jax_mla::portable {
 
 // Rows [32 m_block, 32 m_block + 32) of every piece of `work`.
-template <typename Element>
-__device__ __forceinline__ void mainloop(SharedStorage<Element>& s, const DecodeProblem& p, const PartWork& work,
+template <typename Element, KvFormat kFormat>
+__device__ __forceinline__ void mainloop(Storage<Element, kFormat>& s, const DecodeProblem& p, const PartWork& work,
                                          int m_block) {
+  constexpr bool kFp8 = kFormat == KvFormat::kFp8;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rg = warp / kWarpsPerRowGroup;  // row group: rows [16 rg, 16 rg + 16) of the block
   const int wq = warp % kWarpsPerRowGroup;  // k-steps {4 b + wq} of Q K^T, columns [128 wq, +128) of O
@@ -44,7 +51,7 @@ __device__ __forceinline__ void mainloop(SharedStorage<Element>& s, const Decode
   const int warp_rows = rows_valid - 16 * rg;                   // ... from this warp's first row on
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
 
-  KvLoader<Element> loader;
+  KvLoader<Element, kFormat> loader;
   loader.init(p, work, s);
   loader.issue(0);
   loader.issue(1);
@@ -77,9 +84,16 @@ __device__ __forceinline__ void mainloop(SharedStorage<Element>& s, const Decode
       cp_async_wait<kStages - 1>();  // this thread's copies of sub-tile j landed
       __syncthreads();               // ... and everybody else's
       const int first_token = sub * kTileKeys;
+      int kv_stage = stage;  // the 16-bit stage the tensor-core work reads
+      if constexpr (kFp8) {
+        if (first_token < seq_len) loader.dequantize(stage, s);
+        __syncthreads();       // the 16-bit stage is complete; raw stage j % 2 no longer read
+        loader.issue(stage);   // raw sub-tile j + 2
+        kv_stage = 0;
+      }
       if (first_token < seq_len) {  // uniform over the CTA
         ScoreTile sc;
-        partial_scores<Element>(s, stage, qf, wq, lane, sc);
+        partial_scores<Element>(s, kv_stage, qf, wq, lane, sc);
         sum_partial_scores<Element>(s, rg, wq, lane, sc);
         float row_max[2], alpha[2];
         scale_and_mask(sc, scale_log2, first_token, visible, visible_min, t, row_max);
@@ -87,10 +101,12 @@ __device__ __forceinline__ void mainloop(SharedStorage<Element>& s, const Decode
         rescale_o(o, alpha);
         uint32_t pa[kTileKeys / 16][4];
         p_fragments<Element>(sc, pa);
-        accumulate_pv<Element>(s, stage, pa, wq, lane, o);
+        accumulate_pv<Element>(s, kv_stage, pa, wq, lane, o);
       }
-      __syncthreads();  // stage j % 2 (and partial_scores) no longer read
-      loader.issue(stage);
+      if constexpr (!kFp8) {
+        __syncthreads();  // stage j % 2 (and partial_scores) no longer read
+        loader.issue(stage);
+      }
     }
 
     // Every thread saw its own tokens' pages; a bad page anywhere makes the piece NaN.

@@ -41,9 +41,13 @@ __device__ __forceinline__ void load_q(const DecodeProblem& p, int64_t row0, int
   }
 }
 
+// The functions below take the CTA's shared storage as Storage: SharedStorage (16-bit cache, two
+// stages) or SharedStorageFp8 (FP8 cache, the dequantized sub-tile in stage 0); both have the same
+// kv[stage] layout and partial_scores.
+
 // Partial S = Q K^T over this warp's 9 k-steps, for all 32 keys of the sub-tile in `stage` (9 x 4 mma).
-template <typename Element>
-__device__ __forceinline__ void partial_scores(const SharedStorage<Element>& s, int stage, const QFragments& qf,
+template <typename Element, typename Storage>
+__device__ __forceinline__ void partial_scores(const Storage& s, int stage, const QFragments& qf,
                                                int wq, int lane, ScoreTile& sc) {
 #pragma unroll
   for (int j = 0; j < kKeyTiles; ++j)
@@ -71,8 +75,8 @@ __device__ __forceinline__ void partial_scores(const SharedStorage<Element>& s, 
 // partial, then sums the four in warp order, so the sum is deterministic and bit-identical in the
 // four warps (which is what lets each of them run the same softmax). The caller's barriers order
 // the previous sub-tile's reads of partial_scores before these writes.
-template <typename Element>
-__device__ __forceinline__ void sum_partial_scores(SharedStorage<Element>& s, int rg, int wq, int lane,
+template <typename Element, typename Storage>
+__device__ __forceinline__ void sum_partial_scores(Storage& s, int rg, int wq, int lane,
                                                    ScoreTile& sc) {
 #pragma unroll
   for (int j = 0; j < kKeyTiles; ++j) {
@@ -99,8 +103,8 @@ __device__ __forceinline__ void sum_partial_scores(SharedStorage<Element>& s, in
 
 // O += P V for the sub-tile in `stage`: P (16 rows, 32 keys) as A fragments pa[kk] (keys 16 kk ..),
 // V the warp's 128 columns = boxes 2 wq, 2 wq + 1 (2 x 16 mma).
-template <typename Element>
-__device__ __forceinline__ void accumulate_pv(const SharedStorage<Element>& s, int stage,
+template <typename Element, typename Storage>
+__device__ __forceinline__ void accumulate_pv(const Storage& s, int stage,
                                               const uint32_t (&pa)[kTileKeys / 16][4], int wq, int lane, OTile& o) {
   const uint32_t base = smem_addr(&s.kv[stage][2 * wq][0][0]);
   // ldmatrix x4 .trans of V (stored row = key): matrices (keys 0-7, cols 0-7), (keys 8-15, cols 0-7),

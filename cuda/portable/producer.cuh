@@ -8,6 +8,14 @@
 // Thread t owns row t / 8 (a token of the sub-tile) and chunk t % 8 of every box row: a warp copies
 // 4 whole 128-byte rows per box (coalesced), and a thread needs one block-table entry per sub-tile.
 //
+// FP8 cache (config.h): the same walk and the same thread -> token mapping; a thread copies chunks
+// t % 8, t % 8 + 8, ... of its token's 41-chunk raw row into a raw stage, and dequantize() turns a
+// raw stage into the 16-bit stage, each thread writing the 16-byte chunks (of 8 values) that it
+// would have copied for a 16-bit cache. Dequantized values are exactly unpack_fp8_kv(row, q's dtype):
+// float(e4m3) (exact in fp16, then fp32) times the fp32 tile scale, rounded once to the element
+// type; the bf16 RoPE values as they are (bf16) or rounded to fp16. A zero-filled row (a token past
+// seq_len or on a bad page) dequantizes to zeros.
+//
 // Per piece of work the loader also records whether a token < seq_len had no valid page (a page id
 // outside [0, num_pages), or a length the request's block-table row cannot hold); the consumer
 // turns that into NaN output for the piece. Two flags (piece parity) suffice: the loader runs two
@@ -16,22 +24,27 @@
 #pragma once
 
 #include <cstdint>
+#include <cuda_fp8.h>
+#include <type_traits>
 
 #include "../common/problem.h"
+#include "../common/row_math.cuh"
 #include "../common/work_iterator.h"
 #include "config.h"
 #include "mma.cuh"
 
 namespace jax_mla::portable {
 
-template <typename Element>
+template <typename Element, KvFormat kFormat = KvFormat::kDense>
 struct KvLoader {
+  static constexpr bool kFp8 = kFormat == KvFormat::kFp8;
   const DecodeProblem* p;
   PartWork work;        // the CTA's part
   int log2_page;
   int row;              // this thread's token within a sub-tile
   uint32_t dst0;        // shared address of (stage 0, box 0, row, swizzled chunk)
   int chunk_elems;      // column offset of this thread's chunk inside a box
+  uint32_t raw0;        // FP8: shared address of (raw stage 0, row, chunk t % 8)
   // Cursor: the next sub-tile to load.
   PieceCursor cursor;   // its piece (cursor.request past the part's last request once done)
   int sub, sub_end;     // sub-tiles [sub, sub_end) of the current piece, in kTileKeys-token units
@@ -39,7 +52,8 @@ struct KvLoader {
   int page;             // block-table entry for this thread's token of sub-tile `sub` (-1: none)
   uint32_t bad_bits;    // bit (piece & 1): a token of that piece had no valid page
 
-  __device__ __forceinline__ void init(const DecodeProblem& params, const PartWork& part, SharedStorage<Element>& s) {
+  __device__ __forceinline__ void init(const DecodeProblem& params, const PartWork& part,
+                                       Storage<Element, kFormat>& s) {
     p = &params;
     work = part;
     log2_page = 31 - __clz(params.page_size);
@@ -47,6 +61,7 @@ struct KvLoader {
     const int chunk = threadIdx.x % kChunksPerBoxRow;
     chunk_elems = chunk * 8;
     dst0 = smem_addr(&s.kv[0][0][row][0]) + ((chunk ^ (row & 7)) << 4);
+    if constexpr (kFp8) raw0 = smem_addr(&s.raw[0][row][0]) + (chunk << 4);
     bad_bits = 0;
     cursor.start(work, [&](const PieceOfWork& w) { enter_piece(w); });
     lookup();
@@ -82,21 +97,75 @@ struct KvLoader {
       const bool owned = token < seq_len;
       const bool valid = owned && page >= 0 && page < p->num_pages;
       if (owned && !valid) bad_bits |= 1u << (cursor.ordinal & 1);
-      const Element* base = static_cast<const Element*>(p->kv_cache);
-      // (num_pages * page_size, 576): the token's cache row; the cache base when not valid (not read).
-      const Element* src =
-          valid ? base + (static_cast<int64_t>(page) * p->page_size + (token & (p->page_size - 1))) * kHeadDimQK +
-                      chunk_elems
-                : base;
-      const uint32_t dst = dst0 + stage * kStageBytes;
+      if constexpr (kFp8) {
+        // (num_pages * page_size, 656) bytes: chunks chunk_elems / 8 + 8 k of the token's row; the
+        // cache base when not valid (not read).
+        const uint8_t* base = static_cast<const uint8_t*>(p->kv_cache);
+        const uint8_t* src =
+            valid ? base + (static_cast<int64_t>(page) * p->page_size + (token & (p->page_size - 1))) * kFp8RowBytes +
+                        2 * chunk_elems
+                  : base;
+        const uint32_t dst = raw0 + stage * (kTileKeys * kFp8RowBytes);
 #pragma unroll
-      for (int box = 0; box < kBoxes; ++box) {
-        cp_async_16(dst + box * kBoxBytes, valid ? src + box * kBoxCols : src, valid);
+        for (int k = 0; k < kFp8CopiesPerThread; ++k) {
+          if (chunk_elems / 8 + kChunksPerBoxRow * k < kFp8RowChunks) {
+            cp_async_16(dst + 16 * kChunksPerBoxRow * k, valid ? src + 16 * kChunksPerBoxRow * k : src, valid);
+          }
+        }
+      } else {
+        const Element* base = static_cast<const Element*>(p->kv_cache);
+        // (num_pages * page_size, 576): the token's cache row; the cache base when not valid (not read).
+        const Element* src =
+            valid ? base + (static_cast<int64_t>(page) * p->page_size + (token & (p->page_size - 1))) * kHeadDimQK +
+                        chunk_elems
+                  : base;
+        const uint32_t dst = dst0 + stage * kStageBytes;
+#pragma unroll
+        for (int box = 0; box < kBoxes; ++box) {
+          cp_async_16(dst + box * kBoxBytes, valid ? src + box * kBoxCols : src, valid);
+        }
       }
       if (++sub == sub_end) cursor.next(work, [&](const PieceOfWork& w) { enter_piece(w); });
       lookup();
     }
     cp_async_commit();
+  }
+
+  // FP8: raw stage `stage` -> the 16-bit stage (SharedStorageFp8::kv[0]). Thread (row, chunk c)
+  // writes columns [64 b + 8 c, +8) of its token for every box b, at the swizzled place the 16-bit
+  // loader would copy them to. The caller's barriers make the raw stage complete before and the
+  // 16-bit stage visible after.
+  __device__ __forceinline__ void dequantize(int stage, SharedStorageFp8<Element>& s) const {
+    static_assert(kFp8, "dequantize() is the FP8 loader's");
+    const uint8_t* raw = &s.raw[stage][row][0];
+#pragma unroll
+    for (int box = 0; box < kBoxesV; ++box) {
+      const int col = box * kBoxCols + chunk_elems;
+      const float scale = *reinterpret_cast<const float*>(raw + kFp8ScalesOffset + 4 * (col / kFp8TileCols));
+      const uint2 e4m3 = *reinterpret_cast<const uint2*>(raw + col);  // 8 values, 8-byte aligned
+      uint4 out;
+      uint32_t* w = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        // Two e4m3 -> two fp16 (exact: every e4m3 value is an fp16 value) -> fp32, times the scale.
+        const uint32_t pair = (i < 2 ? e4m3.x : e4m3.y) >> (16 * (i % 2));
+        const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+        const float2 f = __half22float2(__half2(h2));
+        w[i] = pack2<Element>(f.x * scale, f.y * scale);
+      }
+      *reinterpret_cast<uint4*>(&s.kv[0][box][row][0] + ((chunk_elems / 8) ^ (row & 7)) * 8) = out;
+    }
+    // The RoPE box: 8 bf16 values at bytes kFp8RopeOffset + 16 c, kept (bf16) or rounded (fp16).
+    uint4 rope = *reinterpret_cast<const uint4*>(raw + kFp8RopeOffset + 2 * chunk_elems);
+    if constexpr (std::is_same_v<Element, __half>) {
+      uint32_t* w = reinterpret_cast<uint32_t*>(&rope);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+        w[i] = pack2<Element>(f.x, f.y);
+      }
+    }
+    *reinterpret_cast<uint4*>(&s.kv[0][kBoxesV][row][0] + ((chunk_elems / 8) ^ (row & 7)) * 8) = rope;
   }
 
   // The bad flag of piece `k` (this thread's tokens), cleared for piece k + 2.

@@ -109,6 +109,7 @@ nb::dict kernel_info(int ordinal) {
   nb::dict d;
   d["compute_capability"] = nb::make_tuple(info.cc_major, info.cc_minor);
   d["kernel"] = info.kernel;
+  d["fp8_kernel"] = info.fp8_kernel;
   d["fell_back"] = info.fell_back;
   d["self_check"] = info.self_check;
   d["self_check_kernel"] = info.self_check_kernel;
@@ -147,6 +148,11 @@ NB_MODULE(_ext, m) {
   nb::dict kernels;
   for (int32_t i = 0; i < jax_mla::kNumKernels; ++i) kernels[jax_mla::kKernelNames[i]] = i;
   m.attr("KERNELS") = kernels;
+  nb::list fp8_kernels;  // the kernels that read an FP8 kv_cache (kernel_select.h kReadsFp8Cache)
+  for (int32_t i = 1; i < jax_mla::kNumKernels; ++i) {
+    if (jax_mla::kReadsFp8Cache[i]) fp8_kernels.append(jax_mla::kKernelNames[i]);
+  }
+  m.attr("FP8_KERNELS") = nb::tuple(fp8_kernels);
 
   jax_mla::python::define_testing(
       m.def_submodule("testing", "Test and benchmark hooks of jax_mla._ext; not part of jax_mla's API."));

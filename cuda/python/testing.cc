@@ -77,14 +77,15 @@ Settings settings_for(const std::optional<std::string>& env_kernel, const std::s
 
 nb::dict select(int cc_major, int cc_minor, int32_t kernel, std::optional<std::string> env,
                 const std::string& self_check, const std::vector<std::string>& built,
-                const std::string& self_check_mode) {
+                const std::string& self_check_mode, bool fp8_cache) {
   SelfCheckOutcome outcome;
   if (self_check == "not run") outcome = SelfCheckOutcome::kNotRun;
   else if (self_check == "passed") outcome = SelfCheckOutcome::kPassed;
   else if (self_check == "failed") outcome = SelfCheckOutcome::kFailed;
   else throw nb::value_error("self_check must be 'not run', 'passed' or 'failed'");
   const KernelSelection sel =
-      select_kernel(cc_major, cc_minor, kernel, settings_for(env, self_check_mode), parse_built(built), outcome);
+      select_kernel(cc_major, cc_minor, kernel, settings_for(env, self_check_mode), parse_built(built), outcome,
+                    fp8_cache);
   if (!sel.error.empty()) throw nb::value_error(sel.error.c_str());
   nb::dict d;
   d["kernel"] = sel.needs_self_check ? nb::none() : nb::object(nb::str(kernel_name(sel.kernel)));
@@ -172,9 +173,10 @@ void define_testing(nb::module_ m) {
   m.def("select_kernel", &select, nb::arg("cc_major"), nb::arg("cc_minor"), nb::arg("kernel"),
         nb::arg("env") = nb::none(), nb::arg("self_check") = "not run",
         nb::arg("built") = std::vector<std::string>{"sm90"}, nb::arg("self_check_mode") = "",
+        nb::arg("fp8_cache") = false,
         "The decode kernel the CUDA handler picks (runtime/kernel_select.h) with JAX_MLA_KERNEL = env and "
-        "JAX_MLA_SELFCHECK = self_check_mode: {'kernel', 'fell_back', 'needs_self_check'}; ValueError with "
-        "the handler's message when it refuses the call.");
+        "JAX_MLA_SELFCHECK = self_check_mode, for a kv_cache of FP8 rows when fp8_cache: {'kernel', "
+        "'fell_back', 'needs_self_check'}; ValueError with the handler's message when it refuses the call.");
   m.def("auto_candidate", &candidate, nb::arg("cc_major"), nb::arg("cc_minor"),
         nb::arg("built") = std::vector<std::string>{"sm90"}, nb::arg("self_check_mode") = "",
         "(kernel, needs_self_check): what kernel='auto' prefers on a device before any self-check.");

@@ -38,6 +38,8 @@ cudaError_t setup_decode_kernels(int cc_major, int cc_minor) {
   if (cc_major < 8) return cudaSuccess;  // no kernel runs there (the selection refuses the call)
   cudaError_t e = portable::setup_decode<__nv_bfloat16>();
   if (e == cudaSuccess) e = portable::setup_decode<__half>();
+  if (e == cudaSuccess) e = portable::setup_decode<__nv_bfloat16, KvFormat::kFp8>();
+  if (e == cudaSuccess) e = portable::setup_decode<__half, KvFormat::kFp8>();
 #ifdef JAX_MLA_HAVE_SM90
   if (e == cudaSuccess && cc_major == 9 && cc_minor == 0) {
     e = sm90::setup_decode<__nv_bfloat16>();
@@ -75,6 +77,12 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeProblem p, int sm_count, 
                                   int32_t* schedule_scratch, cudaStream_t stream, const WatchdogParams* watchdog) {
   LaunchStatus st;
   const bool bf16 = p.dtype == DType::kBF16;
+  const bool fp8 = p.kv_format == KvFormat::kFp8;
+  if (fp8 && !reads_fp8_cache(kernel)) {  // kernel_select.h never picks one; a backstop
+    st.error = cudaErrorNotSupported;
+    st.what = "an FP8 kv_cache reaches only kernels that read it (kernel_select.h kReadsFp8Cache)";
+    return st;
+  }
   CUtensorMap q_map, kv_map, kv_group_map;
   if (kernel == Kernel::kSm90 || kernel == Kernel::kSm100) {
     if (!make_decode_maps(p, &q_map, &kv_map, &st.what)) return st;  // what = the driver's reason
@@ -138,7 +146,12 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeProblem p, int sm_count, 
       break;
     default:
       programmatic = false;
-      st.error = bf16 ? portable::launch_decode<__nv_bfloat16>(p, stream) : portable::launch_decode<__half>(p, stream);
+      if (fp8) {
+        st.error = bf16 ? portable::launch_decode<__nv_bfloat16, KvFormat::kFp8>(p, stream)
+                        : portable::launch_decode<__half, KvFormat::kFp8>(p, stream);
+      } else {
+        st.error = bf16 ? portable::launch_decode<__nv_bfloat16>(p, stream) : portable::launch_decode<__half>(p, stream);
+      }
       break;
   }
   if (st.error != cudaSuccess) {

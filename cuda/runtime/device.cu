@@ -114,9 +114,9 @@ Status ready_device(const char* target, const DeviceState** state) {
   return Status{};
 }
 
-KernelSelection select_on(const DeviceState& state, int32_t kernel_attr) {
-  KernelSelection sel =
-      select_kernel(state.cc_major, state.cc_minor, kernel_attr, settings(), built_kernels(), state.self_check);
+KernelSelection select_on(const DeviceState& state, int32_t kernel_attr, bool fp8_cache) {
+  KernelSelection sel = select_kernel(state.cc_major, state.cc_minor, kernel_attr, settings(), built_kernels(),
+                                      state.self_check, fp8_cache);
   // Auto never gets here with sm100 after a failed setup (its self-check failed); an explicit request does.
   if (sel.ok() && sel.kernel == Kernel::kSm100 && !state.sm100_setup_error.empty()) {
     sel.error = "kernel 'sm100' cannot run on this device: its " + state.sm100_setup_error;
@@ -175,6 +175,8 @@ DeviceKernelInfo device_kernel_info(int ordinal) {
   } else {
     r.kernel = kernel_name(sel.kernel);
     r.fell_back = sel.fell_back;
+    const KernelSelection fp8 = select_on(info, static_cast<int32_t>(Kernel::kAuto), /*fp8_cache=*/true);
+    r.fp8_kernel = fp8.ok() ? kernel_name(fp8.kernel) : "";
   }
   return r;
 }

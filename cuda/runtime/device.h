@@ -45,9 +45,9 @@ Status init_current_device();
 // The current device's state, when it was initialized (else an internal error naming `target`).
 Status ready_device(const char* target, const DeviceState** state);
 
-// The kernel a call with this `kernel` attribute runs on that device (kernel_select.h, with this
-// process's settings).
-KernelSelection select_on(const DeviceState& state, int32_t kernel_attr);
+// The kernel a call with this `kernel` attribute (and a kv_cache of FP8 rows or not) runs on that
+// device (kernel_select.h, with this process's settings).
+KernelSelection select_on(const DeviceState& state, int32_t kernel_attr, bool fp8_cache = false);
 
 // Multiprocessor count of CUDA device 0; 0 when there is no device, no driver, or any error.
 int cuda_sm_count();
@@ -56,6 +56,7 @@ int cuda_sm_count();
 struct DeviceKernelInfo {
   int cc_major = 0, cc_minor = 0;
   std::string kernel;             // what kernel="auto" runs there (after JAX_MLA_KERNEL and the self-check)
+  std::string fp8_kernel;         // ... for an FP8 kv_cache ("" when no kernel reads it there)
   bool fell_back = false;         // auto took portable because the candidate failed its self-check
   std::string self_check;         // "not run", "passed" or "failed"
   std::string self_check_kernel;  // the kernel that was checked ("" when none)

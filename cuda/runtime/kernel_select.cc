@@ -6,7 +6,7 @@
 namespace jax_mla {
 
 KernelSelection select_kernel(int cc_major, int cc_minor, int32_t kernel_attr, const Settings& settings,
-                              BuiltKernels built, SelfCheckOutcome check) {
+                              BuiltKernels built, SelfCheckOutcome check, bool fp8_cache) {
   KernelSelection s;
   Kernel requested;
   if (!kernel_from_attr(kernel_attr, &requested)) {
@@ -31,6 +31,10 @@ KernelSelection select_kernel(int cc_major, int cc_minor, int32_t kernel_attr, c
   const auto asked = [&] {
     return std::string("kernel '") + kernel_name(requested) + "' (requested by " + source + ")";
   };
+  if (fp8_cache && requested != Kernel::kAuto && !reads_fp8_cache(requested)) {
+    s.error = asked() + " does not read the FP8 kv_cache (uint8 rows of 656 bytes); " + fp8_kernels_phrase();
+    return s;
+  }
   switch (requested) {
     case Kernel::kSm90:
       if (!(cc_major == 9 && cc_minor == 0)) {
@@ -58,6 +62,16 @@ KernelSelection select_kernel(int cc_major, int cc_minor, int32_t kernel_attr, c
       break;
   }
   const AutoCandidate candidate = auto_candidate(cc_major, cc_minor, built, settings.self_check.value);
+  if (fp8_cache && !reads_fp8_cache(candidate.kernel)) {
+    // The device's own kernel does not read FP8 rows: the portable one, which needs no self-check.
+    if (reads_fp8_cache(Kernel::kPortable)) {
+      s.kernel = Kernel::kPortable;
+    } else {
+      s.error = std::string("kernel 'auto' has no kernel for the FP8 kv_cache (uint8 rows of 656 bytes) on ") +
+                "compute capability " + cc() + ": " + fp8_kernels_phrase();
+    }
+    return s;
+  }
   if (!candidate.needs_self_check) {
     s.kernel = candidate.kernel;
   } else if (check == SelfCheckOutcome::kNotRun) {

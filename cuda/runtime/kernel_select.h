@@ -43,6 +43,24 @@ inline std::string kernel_attr_error(int32_t value) {
          std::to_string(kNumKernels - 1) + "), got " + std::to_string(value);
 }
 
+// Which kernels read the FP8 cache (KvFormat::kFp8, common/config.h), indexed by Kernel (kAuto's
+// entry is unused). The extension exports the names of those that do as _ext.FP8_KERNELS, from which
+// jax_mla/_validate.py refuses at trace time what select_kernel refuses here. A kernel that does not
+// read the format must never see such a cache: it would take the 656-byte rows for 576 16-bit values.
+inline constexpr bool kReadsFp8Cache[kNumKernels] = {false, /*sm90*/ false, /*sm100*/ false, /*portable*/ true};
+inline bool reads_fp8_cache(Kernel k) { return kReadsFp8Cache[static_cast<int32_t>(k)]; }
+
+// "kernels that read it: 'portable'" (or that none does yet), for the FP8 refusals.
+inline std::string fp8_kernels_phrase() {
+  std::string names;
+  for (int32_t i = 1; i < kNumKernels; ++i) {
+    if (!kReadsFp8Cache[i]) continue;
+    names += std::string(names.empty() ? "'" : ", '") + kKernelNames[i] + "'";
+  }
+  return names.empty() ? std::string("no CUDA kernel reads it yet (the CPU does)")
+                       : "kernels that read it: " + names;
+}
+
 // Decode kernels compiled into this build. The portable kernel always is.
 struct BuiltKernels {
   bool sm90 = false;   // sm_90a cubin of the SM90 kernel (runs on 9.0 only)
@@ -92,8 +110,11 @@ inline std::string compute_capability_string(int cc_major, int cc_minor) {
 
 // kernel_attr: the attribute (0..3); settings: JAX_MLA_KERNEL (consulted, and its error reported,
 // only when kernel_attr is auto) and JAX_MLA_SELFCHECK; check: the outcome of the self-check of
-// auto_candidate(...) on this device. Defined in kernel_select.cc.
+// auto_candidate(...) on this device; fp8_cache: the call's kv_cache holds FP8 rows. Then an
+// explicit request (argument or JAX_MLA_KERNEL) for a kernel that does not read them is an error,
+// and auto takes its candidate only if that reads them, else the portable kernel when it does
+// (no self-check needed), else it is an error. Defined in kernel_select.cc.
 KernelSelection select_kernel(int cc_major, int cc_minor, int32_t kernel_attr, const Settings& settings,
-                              BuiltKernels built, SelfCheckOutcome check);
+                              BuiltKernels built, SelfCheckOutcome check, bool fp8_cache = false);
 
 }  // namespace jax_mla

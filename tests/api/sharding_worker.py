@@ -88,21 +88,21 @@ def decode(q, kv, bt, sl, schedule=None):
 
 
 def sharded_pages_data(num_shards, lens_per_shard, h_q=16, s_q=1, page_size=16, seed=0,
-                       rank4=False):
+                       rank4=False, make=cases.make):
     """A batch of num_shards * len(lens_per_shard) requests whose pages live on their shard.
 
     Shard i holds requests [i*k, (i+1)*k) and pages [i*P, (i+1)*P) of the global cache; the
     block table holds GLOBAL page ids. Returns (CaseData of the global problem, per-shard
-    CaseDatas with local ids)."""
-    shards = [cases.make(cases.Case(lens=tuple(int(x) + 7 * i for x in lens_per_shard), h_q=h_q,
-                                    s_q=s_q, page_size=page_size, seed=seed + i,
-                                    rank4_cache=rank4))
+    CaseDatas with local ids). make=cases.make_fp8 builds an FP8 (uint8) cache."""
+    shards = [make(cases.Case(lens=tuple(int(x) + 7 * i for x in lens_per_shard), h_q=h_q,
+                              s_q=s_q, page_size=page_size, seed=seed + i, rank4_cache=rank4))
               for i in range(num_shards)]
     per = max(d.kv_cache.shape[0] for d in shards)
     width = max(d.block_table.shape[1] for d in shards)
     kvs, tables = [], []
     for i, d in enumerate(shards):
-        kv = np.full((per,) + d.kv_cache.shape[1:], np.nan, d.kv_cache.dtype)
+        poison = 0xFF if d.kv_cache.dtype == np.uint8 else np.nan  # FP8: NaN values and scales
+        kv = np.full((per,) + d.kv_cache.shape[1:], poison, d.kv_cache.dtype)
         kv[:d.kv_cache.shape[0]] = d.kv_cache
         d.kv_cache = kv
         d.block_table = np.pad(d.block_table, ((0, 0), (0, width - d.block_table.shape[1])),
@@ -117,16 +117,16 @@ def sharded_pages_data(num_shards, lens_per_shard, h_q=16, s_q=1, page_size=16, 
     return data, shards
 
 
-def global_data(lens, h_q=16, seed=0, page_size=16):
+def global_data(lens, h_q=16, seed=0, page_size=16, make=cases.make):
     """A batch whose page ids are a random permutation of the whole cache (no shard locality)."""
     extra = (-sum(-(-n // page_size) for n in lens)) % NUM_DEVICES  # pages divisible by 8
-    return cases.make(cases.Case(lens=tuple(lens), h_q=h_q, page_size=page_size, seed=seed,
-                                 extra_pages=extra or NUM_DEVICES))
+    return make(cases.Case(lens=tuple(lens), h_q=h_q, page_size=page_size, seed=seed,
+                           extra_pages=extra or NUM_DEVICES))
 
 
 def check_against_reference(data, got):
     cases.assert_close_rounding_only(*got, *cases.reference(data), data.case.dtype,
-                                     cases.max_abs_score(data))
+                                     cases.max_abs_score(data), cases.max_abs_value(data))
 
 
 LENS = (5, 70, 0, 33, 100, 1, 64, 65, 17, 16, 130, 2, 48, 49, 9, 80)
@@ -312,6 +312,43 @@ def check_other_layouts_are_resharded(mode):
         assert_agree(fn(*args), want)
 
 
+def check_batch_invariant_under_sharding(mode):
+    """batch_invariant=True survives every path: under batch sharding each shard plans its
+    requests with the invariant plan (a passed schedule is dropped), so a request's bits are those
+    of the unsharded call, over a 16-bit and an FP8 cache; with the heads split an invariant
+    schedule is used as passed. Every compiled call carries the chunk."""
+    chunk = 256
+
+    def invariant(q, kv, bt, sl, passed=False):
+        sched = (jax_mla.decode_schedule(sl, num_heads=q.shape[2], batch_invariant=True,
+                                         invariant_chunk=chunk) if passed else None)
+        return jax_mla.mla_decode(q, kv, bt, sl, return_lse=True, schedule=sched,
+                                  batch_invariant=True, invariant_chunk=chunk)
+
+    def chunk_attrs(fn, args):
+        text = fn.lower(*args).compile().as_text()
+        calls = [ln for ln in text.splitlines() if 'custom_call_target="jax_mla_decode"' in ln]
+        assert calls and all(f"chunk_blocks = {chunk // 64}" in ln for ln in calls), calls
+        assert not collectives(text), collectives(text)
+
+    m = mode_mesh(mode, (NUM_DEVICES,), ("data",))
+    for make, seed in ((cases.make, 80), (cases.make_fp8, 81)):
+        data, _ = sharded_pages_data(NUM_DEVICES, (5, 700, 1500), seed=seed, make=make)
+        for passed in (False, True):
+            step = functools.partial(invariant, passed=passed)
+            want = jax.jit(step)(*data.args)
+            fn, args = sharded(step, mode, m, data.args, [P("data")] * 4)
+            got = fn(*args)
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+            chunk_attrs(fn, args)
+    data = global_data(LENS[:6], seed=82)
+    step = functools.partial(invariant, passed=True)
+    fn, args = sharded(step, mode, m, data.args, [P(None, None, "data"), P(), P(), P()])
+    assert_agree(fn(*args), jax.jit(step)(*data.args))
+    chunk_attrs(fn, args)
+
+
 def check_update_kv_cache_batch_sharded(mode):
     """update_kv_cache with per-shard pages: each shard writes its own pages, no collective, the
     donated cache aliased to the result; the result equals the unsharded update bit for bit."""
@@ -354,6 +391,25 @@ def check_update_kv_cache_replicated_rows(mode):
     np.testing.assert_array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16))
     text = fn.lower(*args).compile().as_text()
     assert not collectives(text), collectives(text)
+
+
+def check_update_kv_cache_rank4_cache(mode):
+    """A (P, page, 1, row) cache, 16-bit and FP8, pages split with the new rows: the rank-4 form
+    of the Auto-axes rule; bit-identical to the unsharded update, no collective."""
+    for make, seed in ((cases.make, 64), (cases.make_fp8, 66)):
+        data, _ = sharded_pages_data(NUM_DEVICES, (5, 70), rank4=True, seed=seed, make=make)
+        assert data.kv_cache.ndim == 4
+        rng = np.random.default_rng(seed + 1)
+        new = rng.standard_normal((data.case.b, 1, cases.HEAD_DIM_QK)).astype(cases.DTYPES[data.case.dtype])
+        positions = np.maximum(data.seq_lens - 1, -1)[:, None].astype(np.int32)
+        arrays = (data.kv_cache, new, data.block_table, positions)
+        want = np.asarray(jax.jit(jax_mla.update_kv_cache)(*arrays))
+        m = mode_mesh(mode, (NUM_DEVICES,), ("data",))
+        fn, args = sharded(jax_mla.update_kv_cache, mode, m, arrays, [P("data")] * 4)
+        got = fn(*args)
+        assert got.sharding.spec[0] == "data" and got.shape == data.kv_cache.shape, got.sharding
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint8), want.view(np.uint8))
+        assert not collectives(fn.lower(*args).compile().as_text())
 
 
 def check_page_on_another_shard_is_an_error(mode):
@@ -403,9 +459,90 @@ def check_page_on_another_shard_is_an_error(mode):
         raise AssertionError("no error for a write to another shard's page")
 
 
+# ----------------------------------------------------------------------------------------------
+# Checks over an FP8 cache (uint8 rows of 656 bytes), in every mode: the Explicit-axes plan, the
+# shard_map and the Auto-axes partitioning rules do not look at the cache's dtype or row width
+# ----------------------------------------------------------------------------------------------
+
+def check_fp8_batch_sharded_pages_per_shard(mode):
+    """Data parallel with per-shard pages of an FP8 cache (rank 3 and rank 4)."""
+    m = mode_mesh(mode, (NUM_DEVICES,), ("data",))
+    for rank4 in (False, True):
+        data, _ = sharded_pages_data(NUM_DEVICES, (5, 70), rank4=rank4, seed=70,
+                                     make=cases.make_fp8)
+        assert data.kv_cache.dtype == np.uint8
+        fn, args = sharded(decode, mode, m, data.args, [P("data")] * 4)
+        got = fn(*args)
+        assert got[0].sharding.spec[0] == "data", got[0].sharding
+        assert_agree(got, jax.jit(decode)(*data.args))
+        check_against_reference(data, got)
+        assert_no_collectives(fn, *args)
+
+
+def check_fp8_heads_sharded_and_replicated_cache(mode):
+    """Tensor parallel (q on heads), and data parallel over a replicated FP8 cache."""
+    data = global_data(LENS[:6], seed=71, make=cases.make_fp8)
+    m = mode_mesh(mode, (NUM_DEVICES,), ("model",))
+    fn, args = sharded(decode, mode, m, data.args, [P(None, None, "model"), P(), P(), P()])
+    got = fn(*args)
+    assert got[0].sharding.spec[2] == "model", got[0].sharding
+    assert_agree(got, jax.jit(decode)(*data.args))
+    check_against_reference(data, got)
+    assert_no_collectives(fn, *args)
+    data = global_data(LENS, seed=72, make=cases.make_fp8)
+    m = mode_mesh(mode, (NUM_DEVICES,), ("data",))
+    fn, args = sharded(decode, mode, m, data.args, [P("data"), P(), P("data"), P("data")])
+    got = fn(*args)
+    assert_agree(got, jax.jit(decode)(*data.args))
+    check_against_reference(data, got)
+    assert_no_collectives(fn, *args)
+
+
+def check_fp8_update_kv_cache_batch_sharded(mode):
+    """update_kv_cache into a page-sharded FP8 cache (576-wide float rows quantized into 656-byte
+    ones): per-shard writes, no collective, donated and aliased, bit-identical to the unsharded
+    update; then a sharded decode reads them. Then the rows replicated (the global scatter)."""
+    data, _ = sharded_pages_data(NUM_DEVICES, (5, 70), seed=73, make=cases.make_fp8)
+    rng = np.random.default_rng(74)
+    new = rng.standard_normal((data.case.b, 2, cases.HEAD_DIM_QK)).astype(np.float32)
+    positions = np.maximum(data.seq_lens[:, None] + np.array([-2, -1], np.int32), -1).astype(np.int32)
+    arrays = (data.kv_cache, new, data.block_table, positions)
+    want = np.asarray(jax.jit(jax_mla.update_kv_cache)(*arrays))
+    m = mode_mesh(mode, (NUM_DEVICES,), ("data",))
+    fn, args = sharded(jax_mla.update_kv_cache, mode, m, arrays, [P("data")] * 4, donate_argnums=0)
+    if mode == "auto":
+        args[0] = jax.device_put(args[0], NamedSharding(m, P("data")))  # a donatable cache
+    text = fn.lower(*args).compile().as_text()
+    assert not collectives(text), collectives(text)
+    assert re.search(r"input_output_alias=\{ \{\}: \(0, \{\}, may-alias\) \}", text), \
+        text.splitlines()[0]
+    got = fn(*args)
+    assert got.sharding.spec[0] == "data" and got.dtype == np.uint8, (got.sharding, got.dtype)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    assert args[0].is_deleted()
+    dfn, dargs = sharded(decode, mode, m, (data.q, want, data.block_table, data.seq_lens),
+                         [P("data")] * 4)
+    assert_agree(dfn(*dargs), decode(data.q, want, data.block_table, data.seq_lens))
+
+    fn, args = sharded(jax_mla.update_kv_cache, mode, m, arrays, [P("data"), P(), P(), P()])
+    got = fn(*args)
+    assert got.sharding.spec[0] == "data" and got.dtype == np.uint8, (got.sharding, got.dtype)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    assert not collectives(fn.lower(*args).compile().as_text())
+
+
 def check_shard_map(mode):
     """shard_map written by the caller: inside it mla_decode sees one shard's arrays."""
-    data, shards = sharded_pages_data(NUM_DEVICES, (5, 70), seed=30)
+    _shard_map_checks(mode, cases.make)
+
+
+def check_fp8_shard_map(mode):
+    """check_shard_map over an FP8 cache."""
+    _shard_map_checks(mode, cases.make_fp8)
+
+
+def _shard_map_checks(mode, make):
+    data, shards = sharded_pages_data(NUM_DEVICES, (5, 70), seed=30, make=make)
     m = mode_mesh(mode, (NUM_DEVICES,), ("data",))
     # Per shard the block table holds LOCAL page ids: build the global (concatenated) local tables.
     local_tables = np.concatenate([d.block_table for d in shards])
@@ -426,7 +563,7 @@ def check_shard_map(mode):
 
     heads = jax.shard_map(decode, mesh=m, in_specs=(P(None, None, "data"), P(), P(), P()),
                           out_specs=(P(None, None, "data"), P(None, None, "data")))
-    hdata = global_data(LENS[:4], seed=31)
+    hdata = global_data(LENS[:4], seed=31, make=make)
     fn, hargs = sharded(heads, mode, m, hdata.args, [P(None, None, "data"), P(), P(), P()])
     assert_agree(fn(*hargs), decode(*hdata.args))
     assert_no_collectives(fn, *hargs)
@@ -442,6 +579,8 @@ def check_auto_axes_under_gspmd_propagation():
             check_batch_sharded_pages_per_shard(mode)
             check_heads_sharded(mode)
             check_update_kv_cache_batch_sharded(mode)
+            check_batch_invariant_under_sharding(mode)
+            check_fp8_update_kv_cache_batch_sharded(mode)
     finally:
         jax.config.update("jax_use_shardy_partitioner", shardy)
 

@@ -110,3 +110,61 @@ def test_cuda_export_runs_in_a_fresh_process_on_the_gpu(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"
     assert "cuda: ok (platforms ('cuda',))" in proc.stdout, proc.stdout
+
+
+# ----------------------------------------------------------------------------------------------
+# The same step over an FP8 cache (uint8 rows of 656 bytes): the update quantizes, the decode reads
+# ----------------------------------------------------------------------------------------------
+
+def step_inputs_fp8():
+    data = cases.make_fp8(cases.Case(lens=(5, 30, 17), h_q=H_Q, page_size=16, seed=92))
+    new = np.random.default_rng(93).standard_normal((3, 1, 576)).astype(np.float32)
+    return [data.q, data.kv_cache, data.block_table, data.seq_lens, new]
+
+
+def fp8_platforms():
+    """Export targets for the FP8 step: the CPU, and CUDA once a GPU kernel reads the format
+    (until then lowering for CUDA refuses it: test_fp8_cuda_export_is_refused_until_a_kernel_reads_it)."""
+    both = ("cpu", "cuda") if jax_mla._validate.FP8_KERNELS else None
+    return [("cpu", None)] + ([("cpu_cuda", both)] if both else [])
+
+
+def test_exported_fp8_step_runs_in_a_fresh_process(tmp_path):
+    args = step_inputs_fp8()
+    fn = jax.jit(decode_step)
+    want = [np.asarray(x) for x in fn(*args)]
+    assert want[2].dtype == np.uint8 and want[2].shape == args[1].shape
+    ref_out, _ = jax.jit(jax_mla.reference.mla_decode_reference,
+                         static_argnames="causal")(args[0], want[2], args[2], args[3] + 1, causal=True)
+    np.testing.assert_allclose(np.asarray(want[0], np.float32), np.asarray(ref_out, np.float32),
+                               atol=2e-2, rtol=2e-2)
+    with open(tmp_path / "inputs.pkl", "wb") as f:
+        pickle.dump(args, f)
+    names = []
+    for name, platforms in fp8_platforms():
+        exp = jax.export.export(fn, platforms=platforms,
+                                disabled_checks=jax_mla.export_disabled_checks())(*args)
+        text = exp.mlir_module()
+        assert "jax_mla_decode" in text and "656xui8" in text
+        (tmp_path / f"{name}.bin").write_bytes(exp.serialize())
+        with open(tmp_path / f"{name}.pkl", "wb") as f:
+            pickle.dump(want, f)
+        names.append(name)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-P", os.path.join(TESTS, "export_worker.py"),
+                           str(tmp_path)], cwd=str(tmp_path), env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"
+    for name in names:
+        assert f"{name}: ok" in proc.stdout, proc.stdout
+
+
+def test_fp8_cuda_export_is_refused_until_a_kernel_reads_it():
+    args = step_inputs_fp8()
+    export = jax.export.export(jax.jit(decode_step), platforms=("cuda",),
+                               disabled_checks=jax_mla.export_disabled_checks())
+    if jax_mla._validate.FP8_KERNELS:
+        assert "656xui8" in export(*args).mlir_module()
+    else:
+        with pytest.raises(ValueError, match="on CUDA, no kernel reads an FP8 kv_cache"):
+            export(*args)

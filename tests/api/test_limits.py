@@ -18,7 +18,8 @@ from jax_mla import _ext, _validate
 
 NAMES = {"HEAD_DIM_QK", "HEAD_DIM_V", "MAX_SEQ_Q", "MAX_HEADS_Q", "BLOCK_M", "BLOCK_N", "MIN_GPU_PAGE_SIZE",
          "MAX_GPU_PAGE_SIZE", "PART_FIELDS", "COMBINE_HEADER", "MANY_SPLITS", "INVARIANT_FIELDS",
-         "DEFAULT_INVARIANT_CHUNK", "MAX_INVARIANT_CHUNK", "INT32_MAX"}
+         "DEFAULT_INVARIANT_CHUNK", "MAX_INVARIANT_CHUNK", "INT32_MAX", "FP8_ROW_BYTES", "FP8_TILE_COLS",
+         "FP8_SCALES_OFFSET", "FP8_ROPE_OFFSET"}
 
 
 @pytest.fixture(autouse=True)
@@ -33,6 +34,9 @@ def test_table_contents():
     assert all(type(v) is int for v in limits.values())
     assert limits["INT32_MAX"] == 2**31 - 1
     assert limits["MIN_GPU_PAGE_SIZE"] <= limits["BLOCK_N"] <= limits["MAX_GPU_PAGE_SIZE"]
+    # FlashMLA's V32 FP8 row: 512 e4m3 bytes, 4 float32 scales, 64 bfloat16 RoPE values.
+    assert (limits["FP8_TILE_COLS"], limits["FP8_SCALES_OFFSET"], limits["FP8_ROPE_OFFSET"],
+            limits["FP8_ROW_BYTES"]) == (128, 512, 528, 656)
 
 
 def test_python_takes_every_limit_from_the_table():
@@ -41,6 +45,8 @@ def test_python_takes_every_limit_from_the_table():
         assert getattr(_validate, name) == limits[name], name
     assert _validate._INT32_MAX == limits["INT32_MAX"]
     assert _validate.KERNELS == _ext.KERNELS
+    assert _validate.FP8_KERNELS == tuple(_ext.FP8_KERNELS)
+    assert jax_mla._fp8.ROW_BYTES == limits["FP8_ROW_BYTES"] and jax_mla._fp8.TILE == limits["FP8_TILE_COLS"]
     assert cases.BLOCK_N == limits["BLOCK_N"] and cases.HEAD_DIM_QK == limits["HEAD_DIM_QK"]
 
 
@@ -86,6 +92,32 @@ def test_python_and_handler_agree_on_the_bound(dim, name):
             jax_mla.mla_decode(*args)
         with pytest.raises(Exception, match=rf"must be in \[1, {bound}\]"):
             ffi_decode(*args)
+
+
+@pytest.mark.parametrize("width", [576, 655, 657])
+def test_python_and_handler_agree_on_the_fp8_row(width):
+    """A uint8 cache is the FP8 format: both sides want rows of FP8_ROW_BYTES and name kv_cache."""
+    q, _, table, lens = inputs(1, 1)
+    row = _ext.limits()["FP8_ROW_BYTES"]
+    jax_mla.mla_decode(q, np.zeros((2, 16, row), np.uint8), table, lens)
+    ffi_decode(q, np.zeros((2, 16, row), np.uint8), table, lens)
+    bad = np.zeros((2, 16, width), np.uint8)
+    with pytest.raises(ValueError, match=f"kv_cache .*last dimension {row}, got shape"):
+        jax_mla.mla_decode(q, bad, table, lens)
+    with pytest.raises(Exception, match=rf"kv_cache must have shape \(num_pages, page_size, {row}\) "
+                                        rf"\(uint8: FP8 rows\)"):
+        ffi_decode(q, bad, table, lens)
+
+
+def test_handler_refuses_other_cache_dtypes():
+    q, _, table, lens = inputs(1, 1)
+    for dt in (np.float32, np.int8, jnp.float8_e4m3fn):
+        kv = np.zeros((2, 16, _validate.HEAD_DIM_QK), dt)
+        with pytest.raises(TypeError, match="kv_cache must have the same dtype as q"):
+            jax_mla.mla_decode(q, kv, table, lens)
+        with pytest.raises(Exception, match="kv_cache dtype .* differs from q dtype bfloat16 "
+                                            r"\(or is uint8 for FP8 rows of 656 bytes\)"):
+            ffi_decode(q, kv, table, lens)
 
 
 def test_gpu_page_size_bounds():

@@ -248,3 +248,95 @@ def test_primitive_bound_directly_is_checked_too():
     with pytest.raises(ValueError, match="kernel must be one of"):
         mla_decode_p.bind(*(jnp.asarray(x) for x in (q, kv, bt, sl)), jnp.zeros((0,), jnp.int32),
                           softmax_scale=0.1, causal=False, num_parts=4, kernel="sm80")
+
+
+# ----------------------------------------------------------------------------------------------
+# FP8 caches (uint8 rows of 656 bytes): the dtype picks the format
+# ----------------------------------------------------------------------------------------------
+
+U8 = np.uint8
+
+
+def good_fp8(q_dtype=BF16, rank4=False):
+    q, _, bt, sl = good()
+    kv = np.zeros((10, 64, 1, 656) if rank4 else (10, 64, 656), U8)
+    return q.astype(q_dtype), kv, bt, sl
+
+
+@pytest.mark.parametrize("q_dtype", [BF16, np.float16])
+@pytest.mark.parametrize("rank4", [False, True])
+def test_fp8_cache_accepted(q_dtype, rank4):
+    out = call(*good_fp8(q_dtype, rank4))
+    assert out.shape == (2, 1, 16, 512) and out.dtype == np.dtype(q_dtype)
+    out = jax.jit(call)(*good_fp8(q_dtype, rank4))
+    assert out.dtype == np.dtype(q_dtype)
+
+
+FP8_ERRORS = [
+    # (id, q dtype, cache, exception, words)
+    ("u8_576", BF16, np.zeros((10, 64, 576), U8), ValueError,
+     ["kv_cache", "uint8", "FP8", "last dimension 656", "(10, 64, 576)"]),
+    ("u8_655", np.float16, np.zeros((10, 64, 655), U8), ValueError, ["kv_cache", "656", "(10, 64, 655)"]),
+    ("u8_rank4_heads2", BF16, np.zeros((10, 64, 2, 656), U8), ValueError,
+     ["kv_cache", "(num_pages, page_size, 1, 656)", "(10, 64, 2, 656)"]),
+    ("u8_rank2", BF16, np.zeros((640, 656), U8), ValueError, ["kv_cache", "656", "(640, 656)"]),
+    ("bf16_656", BF16, np.zeros((10, 64, 656), BF16), ValueError,
+     ["kv_cache", "last dimension 576", "(10, 64, 656)", "must have dtype uint8"]),
+    ("f32_cache", BF16, np.zeros((10, 64, 576), np.float32), TypeError,
+     ["kv_cache", "same dtype as q (bfloat16)", "float32", "uint8", "pack_fp8_kv"]),
+    ("e4m3_cache", BF16, np.zeros((10, 64, 576), jnp.float8_e4m3fn), TypeError,
+     ["kv_cache", "float8_e4m3fn", "uint8 for FP8 rows of 656 bytes"]),
+    ("int8_cache", np.float16, np.zeros((10, 64, 656), np.int8), ValueError,
+     ["kv_cache", "last dimension 576"]),
+    ("q_f32", np.float32, np.zeros((10, 64, 656), U8), TypeError, ["q", "bfloat16 or float16", "float32"]),
+    ("q_u8", U8, np.zeros((10, 64, 656), U8), TypeError, ["q", "bfloat16 or float16", "uint8"]),
+]
+
+
+@pytest.mark.parametrize("q_dtype,kv,exc,words", [c[1:] for c in FP8_ERRORS], ids=[c[0] for c in FP8_ERRORS])
+def test_fp8_cache_errors(q_dtype, kv, exc, words):
+    q, _, bt, sl = good()
+    q = q.astype(q_dtype)
+    with pytest.raises(exc) as e:
+        call(q, kv, bt, sl)
+    assert str(e.value).startswith("mla_decode: ")
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+    with pytest.raises(exc, match=re.escape(words[0])):  # the same under jit
+        jax.jit(call)(q, kv, bt, sl)
+
+
+def test_fp8_primitive_bound_directly_is_checked_too():
+    q, kv, bt, sl = good_fp8()
+    with pytest.raises(ValueError, match="uint8 kv_cache holds FP8 rows .* last dimension 656"):
+        mla_decode_p.bind(jnp.asarray(q), jnp.zeros((10, 64, 576), U8), jnp.asarray(bt),
+                          jnp.asarray(sl), jnp.zeros((0,), jnp.int32), softmax_scale=0.1,
+                          causal=False, num_parts=4, kernel="auto")
+    with pytest.raises(ValueError, match=r"rank 3 \(num_pages, page_size, 656\)"):
+        mla_decode_p.bind(jnp.asarray(q), jnp.asarray(kv).reshape(10, 64, 1, 656), jnp.asarray(bt),
+                          jnp.asarray(sl), jnp.zeros((0,), jnp.int32), softmax_scale=0.1,
+                          causal=False, num_parts=4, kernel="auto")
+
+
+@pytest.mark.parametrize("kernel", ["auto", "sm90", "sm100", "portable"])
+def test_fp8_cache_on_cuda_only_reaches_kernels_that_read_it(kernel):
+    """Lowering for CUDA (no GPU needed) refuses, at trace time, an FP8 cache for a kernel that does
+    not read the format (_ext.FP8_KERNELS, the handler's own table), naming the kernel; "auto" is
+    refused only when no kernel reads it. The 16-bit cache lowers for every kernel."""
+    fn = jax.jit(lambda *a: call(*a, kernel=kernel))
+    fn.trace(*good()).lower(lowering_platforms=("cuda",))
+    traced = fn.trace(*good_fp8())
+    readers = jax_mla._validate.FP8_KERNELS
+    ok = kernel in readers or (kernel == "auto" and readers)
+    if ok:
+        text = traced.lower(lowering_platforms=("cuda",)).as_text()
+        assert "jax_mla_decode" in text and "656xui8" in text
+        return
+    with pytest.raises(ValueError) as e:
+        traced.lower(lowering_platforms=("cuda",))
+    msg = str(e.value)
+    assert msg.startswith("mla_decode: ") and "FP8 kv_cache" in msg and "656" in msg, msg
+    if kernel != "auto":
+        assert f"kernel {kernel!r} does not read" in msg, msg
+    # The CPU lowering of the same call is fine whatever the kernel argument.
+    traced.lower(lowering_platforms=("cpu",))

@@ -38,8 +38,12 @@ CONFIGS = [
 
 
 def runner(cfg: invariance.Config, batch_invariant=True, invariant_chunk=None, schedule_num_parts=None,
-           pass_schedule=False):
+           pass_schedule=False, fp8=False):
     def run(q, kv, bt, sl):
+        if fp8:
+            # The batch's cache as FP8 rows: quantized per token, so a target's rows are the same
+            # bytes in every batch (the unused NaN rows become other bytes nobody reads).
+            kv = jax_mla.pack_fp8_kv(kv)
         kw = dict(causal=cfg.causal, return_lse=True, batch_invariant=batch_invariant)
         if invariant_chunk is not None:
             kw["invariant_chunk"] = invariant_chunk
@@ -64,6 +68,18 @@ def test_request_bits_do_not_depend_on_the_batch(cfg, kw, sizes):
         cases.assert_close_rounding_only(out, lse, ref_out, ref_lse, cfg.dtype, cases.max_abs_score(t.data))
     compared = invariance.check_invariant(runs, cfg, sizes=sizes, seed=cfg.seed)
     assert compared == len(cfg.target_lens) * 3 * len(sizes or invariance.batch_sizes())
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_fp8_cache_bits_do_not_depend_on_the_batch(dtype):
+    """The same contract over an FP8 cache (uint8 rows of 656 bytes): only the rows' loading
+    differs, not the plan or the merge. Batches alternate the op's and decode_schedule's plans."""
+    cfg = invariance.Config(target_lens=(0, 1, 65, 1025, 3001), h_q=8, dtype=dtype, other_long=3000,
+                            seed=8)
+    runs = [runner(cfg, fp8=True), runner(cfg, fp8=True, pass_schedule=True)]
+    sizes = (0, 1, 5, 40)
+    compared = invariance.check_invariant(runs, cfg, sizes=sizes, seed=cfg.seed, pool=True)
+    assert compared == len(cfg.target_lens) * 3 * len(sizes)
 
 
 def test_in_op_and_passed_schedules_give_the_same_bits():

@@ -26,10 +26,10 @@ CHOICES = "'auto', 'sm90', 'sm100', 'portable'"
 pytestmark = pytest.mark.usefixtures("on_cpu")  # jax's default device: the CPU (conftest.py)
 
 
-def select(cc, kernel="auto", env=None, self_check="not run", built=("sm90",), mode=""):
+def select(cc, kernel="auto", env=None, self_check="not run", built=("sm90",), mode="", fp8=False):
     attr = _ext.KERNELS[kernel] if isinstance(kernel, str) else kernel
     return _ext.testing.select_kernel(cc[0], cc[1], attr, env=env, self_check=self_check, built=list(built),
-                              self_check_mode=mode)
+                                      self_check_mode=mode, fp8_cache=fp8)
 
 
 def test_kernel_ids_mirror_the_extension():
@@ -187,6 +187,69 @@ def test_every_combination():
             assert (got["kernel"], got["fell_back"], got["needs_self_check"]) == want, where
         n += 1
     assert n == len(CCS) * 6 * len(ENVS) * 3 * len(BUILDS) * 4
+
+
+# ----------------------------------------------------------------------------------------------
+# FP8 caches: only kernels that read the format (kernel_select.h kReadsFp8Cache)
+# ----------------------------------------------------------------------------------------------
+
+FP8_READERS = set(_ext.FP8_KERNELS)
+
+
+def expected_fp8(cc, attr, env, check, built, mode):
+    """The rules for a call whose kv_cache holds FP8 rows: an explicit request (argument or env) for
+    a kernel that does not read them is an error (after the attribute, env and 8.0 checks); auto
+    keeps its candidate if that reads them, else takes the portable kernel if that does."""
+    plain = expected(cc, attr, env, check, built, mode)
+    if plain[0] == "error" and ("attribute" in plain[1] or "JAX_MLA_KERNEL must" in plain[1] or
+                                "8.0 or newer" in plain[1]):
+        return plain
+    req = NAMES[attr]
+    if req == "auto" and env and env != "auto":
+        req = env
+    if req != "auto":
+        if req not in FP8_READERS:
+            return "error", "does not read the FP8 kv_cache"
+        return plain
+    cand = _ext.testing.auto_candidate(cc[0], cc[1], built=list(built), self_check_mode=mode)[0]
+    if cand in FP8_READERS:
+        return plain
+    if "portable" in FP8_READERS:
+        return "portable", False, False
+    return "error", "has no kernel for the FP8 kv_cache"
+
+
+def test_fp8_messages():
+    if "sm90" not in FP8_READERS:
+        with pytest.raises(ValueError) as e:
+            select((9, 0), "sm90", fp8=True)
+        assert str(e.value).startswith("kernel 'sm90' (requested by the kernel argument) does not read the FP8 "
+                                       "kv_cache (uint8 rows of 656 bytes); ")
+        with pytest.raises(ValueError, match=r"kernel 'sm90' \(requested by JAX_MLA_KERNEL\) does not read"):
+            select((9, 0), env="sm90", fp8=True)
+    if not FP8_READERS:
+        with pytest.raises(ValueError) as e:
+            select((8, 6), fp8=True)
+        assert str(e.value) == ("kernel 'auto' has no kernel for the FP8 kv_cache (uint8 rows of 656 bytes) on "
+                                "compute capability 8.6: no CUDA kernel reads it yet (the CPU does)")
+    else:
+        assert select((9, 0), fp8=True)["kernel"] in FP8_READERS
+    # The 16-bit cache is unaffected.
+    assert select((9, 0))["kernel"] == "sm90"
+
+
+def test_fp8_every_combination():
+    for cc, attr, env, check, built, mode in itertools.product(
+            CCS, range(-1, 5), ENVS, ("not run", "passed", "failed"), BUILDS, ("", "force")):
+        want = expected_fp8(cc, attr, env, check, built, mode)
+        where = (cc, attr, env, check, built, mode)
+        if want[0] == "error":
+            with pytest.raises(ValueError) as e:
+                select(cc, attr, env, check, built, mode, fp8=True)
+            assert want[1] in str(e.value), (where, str(e.value))
+        else:
+            got = select(cc, attr, env, check, built, mode, fp8=True)
+            assert (got["kernel"], got["fell_back"], got["needs_self_check"]) == want, where
 
 
 # ----------------------------------------------------------------------------------------------

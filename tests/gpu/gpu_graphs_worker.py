@@ -9,6 +9,9 @@ q change (same shapes, so the same executable, and with command buffers the same
 replayed with new values). Every step is checked here against the fp32 reference on the CPU
 (attention) and against a NumPy update (cache). OUT.pkl receives the results of every step and
 the optimized HLO text, for the test to compare runs with and without command buffers.
+
+With JAX_MLA_GRAPHS_FP8=1 the cache is an FP8 one (uint8 rows of 656 bytes): the update quantizes
+float32 tokens (pack_fp8_kv) and the expected cache holds the rows pack_fp8_kv makes on the CPU.
 """
 
 from __future__ import annotations
@@ -29,6 +32,13 @@ import jax_mla  # noqa: E402
 B, H_Q, PAGE, MAX_PAGES, STEPS = 8, 16, 64, 12, 5
 NUM_PAGES = B * MAX_PAGES + 4
 D = cases.HEAD_DIM_QK
+FP8 = os.environ.get("JAX_MLA_GRAPHS_FP8", "") == "1"
+
+
+def packed(rows):
+    """FP8 rows of float32 rows, packed on the CPU (the expected bits)."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        return np.asarray(jax_mla.pack_fp8_kv(rows))
 
 
 def step(q, kv_cache, block_table, seq_lens, new_latent):
@@ -48,15 +58,16 @@ def inputs(k, rng):
     table = rng.permutation(NUM_PAGES)[:B * MAX_PAGES].astype(np.int32).reshape(B, MAX_PAGES)
     lens = rng.integers(0, MAX_PAGES * PAGE, size=B).astype(np.int32)  # the new token fits
     lens[k % B] = 0 if k % 2 else PAGE - 1  # an empty request, a page boundary
-    new = rng.standard_normal((B, 1, D)).astype(q.dtype)
+    new = rng.standard_normal((B, 1, D)).astype(np.float32 if FP8 else q.dtype)
     return q, table, lens, new
 
 
 def expected_cache(kv, table, lens, new):
     want = kv.copy()
+    rows = packed(new) if FP8 else new
     for r in range(B):
         p = int(lens[r])
-        want[table[r, p // PAGE], p % PAGE] = new[r, 0]
+        want[table[r, p // PAGE], p % PAGE] = rows[r, 0]
     return want
 
 
@@ -64,6 +75,8 @@ def main(out_path: str) -> int:
     gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
     rng = np.random.default_rng(2024)
     kv_host = rng.standard_normal((NUM_PAGES, PAGE, D)).astype(np.dtype("bfloat16"))
+    if FP8:
+        kv_host = packed(kv_host.astype(np.float32))
     fn = jax.jit(step, donate_argnums=1)
     kv = jax.device_put(kv_host, gpu)
     q, table, lens, new = inputs(0, rng)
@@ -75,8 +88,8 @@ def main(out_path: str) -> int:
         args = [jax.device_put(x, gpu) for x in (q, table, lens, new)]
         out1, lse1, out2, lse2, kv = fn(args[0], kv, *args[1:])
         kv_now = np.asarray(kv)
-        np.testing.assert_array_equal(kv_now.view(np.uint16),
-                                      expected_cache(kv_host, table, lens, new).view(np.uint16),
+        np.testing.assert_array_equal(kv_now.view(np.uint8),
+                                      expected_cache(kv_host, table, lens, new).view(np.uint8),
                                       err_msg=f"step {k}: cache update")
         kv_host = kv_now
         with jax.default_device(cpu):

@@ -1,7 +1,8 @@
 """A few small GPU cases run as a plain script: the smoke test of benchmarks/device_run.sh and the
 program compute-sanitizer (memcheck, racecheck) runs. Not collected by pytest (no test_ prefix).
-Each case runs with kernel="auto" and with the portable kernel forced. Exits non-zero when a result
-differs from the reference."""
+Each case runs with kernel="auto" and with the portable kernel forced; the FP8 cases (uint8 rows of
+656 bytes, cases.make_fp8) with kernel="auto" (the kernel that reads them). Exits non-zero when a
+result differs from the reference."""
 
 from __future__ import annotations
 
@@ -34,6 +35,15 @@ SMALL = [
     cases.Case(lens=(1024,) * 16, h_q=128, page_size=64, seed=6),
 ]
 
+# FP8 caches: each page size's raw-row copies (656-byte rows), NaN-poisoned unused pages and scales,
+# s_q = 8 causal, split requests.
+SMALL_FP8 = [
+    cases.Case(lens=(200, 3, 0), h_q=16, page_size=16, seed=11),
+    cases.Case(lens=(130, 33), s_q=8, h_q=16, page_size=32, causal=True, dtype="float16", seed=12),
+    cases.Case(lens=(1000, 64), h_q=128, page_size=256, seed=13),
+    cases.Case(lens=(700, 129), s_q=2, h_q=64, page_size=128, causal=True, seed=14),
+]
+
 # The device scheduler on its three CTA shapes (b <= 128, <= 1024, more), with few non-empty
 # requests so that the pieces plan's search (barriers per step in the larger shapes) runs: its array
 # must equal the host planner's.
@@ -43,20 +53,22 @@ SCHEDULE_BATCHES = (5, 300, 2000)
 def main() -> int:
     gpu = jax.devices("gpu")[0]
     bad = 0
-    for case in SMALL:
-        data = cases.make(case)
+    runs = [(c, cases.make, ("auto", "portable")) for c in SMALL]
+    runs += [(c, cases.make_fp8, ("auto",)) for c in SMALL_FP8]
+    for case, make, kernels in runs:
+        data = make(case)
         args = [jax.device_put(x, gpu) for x in data.args]
         with jax.default_device(jax.devices("cpu")[0]):
             ref_out, ref_lse = cases.reference(data)
-        for kernel in ("auto", "portable"):
+        for kernel in kernels:
             out, lse = jax_mla.mla_decode(*args, causal=case.causal, return_lse=True, kernel=kernel)
             out, lse = np.asarray(out), np.asarray(lse)
             try:
                 cases.assert_close_rel_l2(out, lse, ref_out, ref_lse, out_tol=1e-2, lse_tol=1e-3)
-                print("ok  ", kernel, case.id, flush=True)
+                print("ok  ", kernel, case.id, data.kv_cache.dtype, flush=True)
             except AssertionError as e:
                 bad += 1
-                print("FAIL", kernel, case.id, str(e)[:400], flush=True)
+                print("FAIL", kernel, case.id, data.kv_cache.dtype, str(e)[:400], flush=True)
     rng = np.random.default_rng(7)
     for b in SCHEDULE_BATCHES:
         lens = np.where(rng.permutation(b) < 5, rng.choice([1, 64, 1000, 5000, 40000], b), 0).astype(np.int32)

@@ -48,8 +48,14 @@ def skip_unless_runnable(kernel):
         pytest.skip(f"kernel {kernel!r} does not run on this device / build")
 
 
-def runner(cfg, kernel, batch_invariant=True, invariant_chunk=None, num_parts=None, pass_schedule=True):
+def runner(cfg, kernel, batch_invariant=True, invariant_chunk=None, num_parts=None, pass_schedule=True,
+           fp8=False):
     def run(q, kv, bt, sl):
+        if fp8:
+            # The batch's cache as FP8 rows, packed on the host: per token, so a target's rows are
+            # the same bytes in every batch.
+            with jax.default_device(jax.devices("cpu")[0]):
+                kv = np.asarray(jax_mla.pack_fp8_kv(kv))
         args = [jax.device_put(x, gpu()) for x in (q, kv, bt, sl)]
         kw = dict(causal=cfg.causal, return_lse=True, batch_invariant=batch_invariant, kernel=kernel)
         if invariant_chunk is not None:
@@ -93,6 +99,15 @@ def test_request_bits_do_not_depend_on_the_batch(kernel, cfg, kw, sizes):
             ref = cases.reference(t.data)
         cases.assert_close_rel_l2(out, lse, *ref, out_tol=1e-2, lse_tol=1e-3)
     invariance.check_invariant(runs, cfg, sizes=sizes, seed=cfg.seed, pool=True, bucket=True)
+
+
+@pytest.mark.parametrize("kernel", [k for k in KERNEL_OPTIONS if k in ("auto", "portable")])
+def test_fp8_cache_bits_do_not_depend_on_the_batch(kernel):
+    """The same contract over an FP8 cache, on the kernels that read it (auto picks portable):
+    only the rows' loading differs, not the plan or the merge."""
+    cfg = invariance.Config(target_lens=(0, 1, 65, 1025, 3001, 9000), h_q=64, other_long=9000, seed=17)
+    runs = [runner(cfg, kernel, pass_schedule=True, fp8=True), runner(cfg, kernel, pass_schedule=False, fp8=True)]
+    invariance.check_invariant(runs, cfg, seed=cfg.seed, pool=True, bucket=True)
 
 
 @pytest.mark.parametrize("kernel", KERNEL_OPTIONS)

@@ -8,7 +8,8 @@ while its stream was capturing into a CUDA graph with command buffers on, and ne
 (the handler counts it: _ext.testing.cuda_call_stats()), and both runs must agree bit for bit. (Recent XLA
 forms command buffers from the thunk sequence, so the HLO text no longer shows them; older XLA
 outlined them into command_buffer* computations, which are checked when present.) It runs with the
-device's own kernel and with the portable kernel forced (JAX_MLA_KERNEL=portable).
+device's own kernel and with the portable kernel forced (JAX_MLA_KERNEL=portable), and over an FP8
+cache (uint8 rows of 656 bytes, JAX_MLA_GRAPHS_FP8=1: the kernel that reads them).
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ GRAPHS = "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min
 NO_GRAPHS = "--xla_gpu_enable_command_buffer="
 
 
-def run_worker(tmp_path, name, xla_flags, kernel=""):
+def run_worker(tmp_path, name, xla_flags, kernel="", fp8=False):
     out = tmp_path / f"{name}.pkl"
     env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + xla_flags).strip())
     env.pop("JAX_PLATFORMS", None)
     env["JAX_MLA_KERNEL"] = kernel  # "" (auto) or a forced kernel for the whole step
+    env["JAX_MLA_GRAPHS_FP8"] = "1" if fp8 else ""
     proc = subprocess.run([sys.executable, "-P", os.path.join(TESTS, "gpu_graphs_worker.py"),
                            str(out)], cwd=str(tmp_path), env=env, capture_output=True, text=True,
                           timeout=600)
@@ -55,10 +57,11 @@ def computations(hlo_text):
     return comps
 
 
-@pytest.mark.parametrize("kernel", ["", "portable"], ids=["auto", "portable"])
-def test_decode_step_replays_in_a_cuda_graph(tmp_path, kernel):
-    graphs = run_worker(tmp_path, "graphs", GRAPHS, kernel)
-    plain = run_worker(tmp_path, "plain", NO_GRAPHS, kernel)
+@pytest.mark.parametrize("kernel, fp8", [("", False), ("portable", False), ("", True)],
+                         ids=["auto", "portable", "fp8"])
+def test_decode_step_replays_in_a_cuda_graph(tmp_path, kernel, fp8):
+    graphs = run_worker(tmp_path, "graphs", GRAPHS, kernel, fp8)
+    plain = run_worker(tmp_path, "plain", NO_GRAPHS, kernel, fp8)
     assert graphs["stats"]["decode_captured"] >= 2, graphs["stats"]  # both layers traced
     assert plain["stats"]["decode_captured"] == 0, plain["stats"]
     assert plain["stats"]["decode_calls"] >= 2 * len(plain["results"]), plain["stats"]
