@@ -400,3 +400,14 @@ def reference(data: CaseData, out_dtype=jnp.float32, **overrides):
     kw.update(overrides)
     out, lse = _reference_jit(*data.args, out_dtype=out_dtype, **kw)
     return np.asarray(out, np.float64), np.asarray(lse, np.float64)
+
+
+def gpu_fp8_reader() -> bool:
+    """Whether a CUDA kernel reads the FP8 cache in this build (cuda/runtime/kernel_select.h
+    kReadsFp8Cache): the GPU tests that run an FP8 decode need one, the refusal tests do not."""
+    import jax_mla
+    return bool(jax_mla._validate.FP8_KERNELS)
+
+
+NO_GPU_FP8_READER = ("no CUDA kernel reads the FP8 cache in this build: the portable kernel's FP8 path "
+                     "joins kReadsFp8Cache (cuda/runtime/kernel_select.h) once these tests pass on a GPU")

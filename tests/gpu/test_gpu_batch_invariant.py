@@ -101,6 +101,7 @@ def test_request_bits_do_not_depend_on_the_batch(kernel, cfg, kw, sizes):
     invariance.check_invariant(runs, cfg, sizes=sizes, seed=cfg.seed, pool=True, bucket=True)
 
 
+@pytest.mark.skipif(not cases.gpu_fp8_reader(), reason=cases.NO_GPU_FP8_READER)
 @pytest.mark.parametrize("kernel", [k for k in KERNEL_OPTIONS if k in ("auto", "portable")])
 def test_fp8_cache_bits_do_not_depend_on_the_batch(kernel):
     """The same contract over an FP8 cache, on the kernels that read it (auto picks portable):

@@ -32,6 +32,7 @@ import cases
 import jax_mla
 
 pytestmark = pytest.mark.gpu
+needs_reader = pytest.mark.skipif(not cases.gpu_fp8_reader(), reason=cases.NO_GPU_FP8_READER)
 
 PAGE_SIZES = (16, 32, 64, 128, 256)
 
@@ -106,6 +107,7 @@ def check(data, out, lse, ref):
     cases.assert_close_rel_l2(out, lse, *ref, out_tol=1e-2, lse_tol=1e-3)
 
 
+@needs_reader
 @pytest.mark.parametrize("kernel", ["auto", "portable"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_fp8_matches_float64_on_the_dequantized_cache(case, kernel):
@@ -113,12 +115,14 @@ def test_fp8_matches_float64_on_the_dequantized_cache(case, kernel):
     check(data, *run_gpu(data, kernel=kernel), ref)
 
 
+@needs_reader
 @pytest.mark.parametrize("case", LARGE, ids=lambda c: c.id)
 def test_fp8_large(case):
     data, ref = prepared(case)
     check(data, *run_gpu(data), ref)
 
 
+@needs_reader
 @pytest.mark.parametrize("case", CASES[::3] + LARGE[:1], ids=lambda c: c.id)
 def test_fp8_is_bit_identical_to_the_dequantized_16bit_cache(case):
     data = cases.make_fp8(case)
@@ -128,10 +132,20 @@ def test_fp8_is_bit_identical_to_the_dequantized_16bit_cache(case):
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
+@needs_reader
 def test_kernel_info_names_the_fp8_kernel():
     info = jax_mla.kernel_info()
     assert info["fp8_kernel"] == "portable", info
     assert "portable" in jax_mla._validate.FP8_KERNELS
+
+
+@pytest.mark.skipif(cases.gpu_fp8_reader(), reason="a CUDA kernel reads the FP8 cache in this build")
+def test_auto_refuses_fp8_while_no_kernel_reads_it():
+    """Until a CUDA kernel has run the format, a GPU call with an FP8 cache is an error naming the
+    way out, never a run of unverified code."""
+    data = cases.make_fp8(cases.Case(lens=(5, 70), h_q=16, page_size=64, seed=36801))
+    with pytest.raises(ValueError, match="no kernel reads an FP8 kv_cache"):
+        run_gpu(data, kernel="auto")
 
 
 @pytest.mark.parametrize("kernel", ["sm90", "sm100"])
@@ -164,6 +178,7 @@ def test_env_kernel_that_does_not_read_fp8_is_refused_by_the_handler(tmp_path):
         proc.stdout
 
 
+@needs_reader
 def test_identical_calls_are_bit_identical():
     data = cases.make_fp8(cases.Case(lens=(3000, 17, 0, 640), s_q=2, h_q=64, causal=True, seed=36801))
     a, b = run_gpu(data), run_gpu(data)
@@ -171,6 +186,7 @@ def test_identical_calls_are_bit_identical():
         np.testing.assert_array_equal(x.view(np.uint8), y.view(np.uint8))
 
 
+@needs_reader
 def test_precomputed_schedule_and_num_parts():
     data, ref = prepared(cases.Case(lens=(0, 1, 700, 64, 2000, 129, 3, 0), s_q=2, h_q=16,
                                     page_size=16, causal=True, seed=36802))
@@ -186,6 +202,7 @@ def test_precomputed_schedule_and_num_parts():
         check(data, *run_gpu(data, schedule=sched), ref)
 
 
+@needs_reader
 def test_invalid_page_makes_that_request_nan():
     data = cases.make_fp8(cases.Case(lens=(70, 70, 5), h_q=16, page_size=16, seed=36803))
     table = data.block_table.copy()
@@ -197,6 +214,7 @@ def test_invalid_page_makes_that_request_nan():
     assert np.isfinite(out[[0, 2]]).all() and np.isfinite(lse[[0, 2]]).all()
 
 
+@needs_reader
 def test_vmap_over_fp8_caches():
     datas = [cases.make_fp8(cases.Case(lens=(9, 70), h_q=4, page_size=16, extra_pages=2, seed=36804 + i))
              for i in range(3)]
@@ -213,6 +231,7 @@ def test_vmap_over_fp8_caches():
         check(d, np.asarray(out[i]), np.asarray(lse[i]), cases.brute_force(d))
 
 
+@needs_reader
 @pytest.mark.parametrize("new_dtype", [np.float32, jnp.bfloat16])
 def test_update_kv_cache_quantizes_in_place_on_the_gpu(new_dtype):
     rng = np.random.default_rng(36805)

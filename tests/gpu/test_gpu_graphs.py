@@ -22,6 +22,8 @@ import sys
 import numpy as np
 import pytest
 
+import cases
+
 pytestmark = pytest.mark.gpu
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -60,6 +62,8 @@ def computations(hlo_text):
 @pytest.mark.parametrize("kernel, fp8", [("", False), ("portable", False), ("", True)],
                          ids=["auto", "portable", "fp8"])
 def test_decode_step_replays_in_a_cuda_graph(tmp_path, kernel, fp8):
+    if fp8 and not cases.gpu_fp8_reader():
+        pytest.skip(cases.NO_GPU_FP8_READER)
     graphs = run_worker(tmp_path, "graphs", GRAPHS, kernel, fp8)
     plain = run_worker(tmp_path, "plain", NO_GRAPHS, kernel, fp8)
     assert graphs["stats"]["decode_captured"] >= 2, graphs["stats"]  # both layers traced
