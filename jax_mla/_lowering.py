@@ -7,6 +7,9 @@ Targets and their buffer order are the contract of docs/design.md ("FFI targets"
          kernel i32 (_validate.KERNELS; the CPU handler checks it and ignores it), chunk_blocks i32
          (0, or the batch-invariant plan's chunk in 64-token blocks)
   jax_mla_decode_schedule(seq_lens) -> schedule; attrs num_parts i32, chunk_blocks i32
+  jax_mla_decode_sparse(q, kv_cache, indices, topk_length, attn_sink) -> out, lse; attr
+      softmax_scale f32 (topk_length (0,) or (b,) s32, attn_sink (0,) or (h_q,) f32). CPU only:
+      the CUDA lowering refuses at trace time until a GPU kernel exists.
 
 The handlers come from the extension module (`ext.registrations()`), registered once at import.
 Lowering only emits a custom call by name, so the CUDA lowering is available on every machine
@@ -26,7 +29,8 @@ from ._extension import ext
 
 DECODE_TARGET = "jax_mla_decode"
 SCHEDULE_TARGET = "jax_mla_decode_schedule"
-TARGETS = (DECODE_TARGET, SCHEDULE_TARGET)
+SPARSE_TARGET = "jax_mla_decode_sparse"
+TARGETS = (DECODE_TARGET, SCHEDULE_TARGET, SPARSE_TARGET)
 
 _registered = False
 
@@ -50,6 +54,19 @@ def registered_platforms() -> tuple[str, ...]:
 
 _decode_ffi = jax.ffi.ffi_lowering(DECODE_TARGET)
 _schedule_ffi = jax.ffi.ffi_lowering(SCHEDULE_TARGET)
+_sparse_ffi = jax.ffi.ffi_lowering(SPARSE_TARGET)
+
+
+def _sparse_lowering_cpu(ctx, q, kv_cache, indices, topk_length, attn_sink, *, softmax_scale):
+    return _sparse_ffi(ctx, q, kv_cache, indices, topk_length, attn_sink,
+                       softmax_scale=np.float32(softmax_scale))
+
+
+NO_SPARSE_CUDA = "mla_decode_sparse: no CUDA kernel yet; run it on the CPU"
+
+
+def _sparse_lowering_cuda(ctx, *args, **params):
+    raise ValueError(NO_SPARSE_CUDA + " (e.g. under jax.default_device(jax.devices('cpu')[0]))")
 
 
 def _decode_attrs(softmax_scale, causal, num_parts, kernel, chunk_blocks):
@@ -119,6 +136,8 @@ mlir.register_lowering(_primitive.mla_decode_p, _auto_partitioned_decode(_decode
                        platform="cpu")
 mlir.register_lowering(_primitive.mla_decode_p, _auto_partitioned_decode(_decode_lowering_cuda),
                        platform="cuda")
+mlir.register_lowering(_primitive.mla_decode_sparse_p, _sparse_lowering_cpu, platform="cpu")
+mlir.register_lowering(_primitive.mla_decode_sparse_p, _sparse_lowering_cuda, platform="cuda")
 mlir.register_lowering(_primitive.mla_decode_schedule_p, _schedule_lowering, platform="cpu")
 mlir.register_lowering(_primitive.mla_decode_schedule_p, _schedule_lowering, platform="cuda")
 mlir.register_lowering(_primitive.kv_cache_update_p, _cache_update_lowering)

@@ -14,6 +14,12 @@ mla_decode_p(q, kv_cache, block_table, seq_lens, schedule; softmax_scale, causal
 mla_decode_schedule_p(seq_lens; num_parts, chunk_blocks) -> schedule
   (schedule_size(b, num_parts, chunk_blocks > 0),) int32.
 
+mla_decode_sparse_p(q, kv_cache, indices, topk_length, attn_sink; softmax_scale) -> (out, lse)
+  q as mla_decode_p's, kv_cache (P, page, 576) q's dtype or (P, page, 656) uint8, indices
+  (b, s_q, topk) int32 flat slots page_id * page_size + row (-1: none), topk_length (0,) [absent]
+  or (b,) int32, attn_sink (0,) [absent], (h_q,) or (b, h_q) [per request, from vmap] float32.
+  CPU only for now.
+
 kv_cache_update_p(kv_cache, new_latent, block_table, positions) -> kv_cache updated
   update_kv_cache's write (_paged_write.write, plain jax). It is a primitive only so that its
   lowering can give XLA a partitioning rule for it (_partitioning.py); vmap and differentiation
@@ -39,6 +45,9 @@ mla_decode_p.multiple_results = True
 mla_decode_schedule_p = Primitive("mla_decode_schedule")
 
 kv_cache_update_p = Primitive("kv_cache_update")
+
+mla_decode_sparse_p = Primitive("mla_decode_sparse")
+mla_decode_sparse_p.multiple_results = True
 
 
 # ----------------------------------------------------------------------------------------------
@@ -77,12 +86,26 @@ def _cache_update_abstract_eval(kv_cache, new_latent, block_table, positions):
     return jax.core.ShapedArray(kv_cache.shape, kv_cache.dtype)
 
 
+def _sparse_abstract_eval(q, kv_cache, indices, topk_length, attn_sink, *, softmax_scale):
+    dims = _validate.check_sparse_operands(q, kv_cache, indices, topk_length, attn_sink, primitive=True)
+    if len(kv_cache.shape) != 3:
+        raise ValueError(
+            f"mla_decode_sparse: the primitive takes kv_cache of rank 3, got shape {tuple(kv_cache.shape)}")
+    _validate.check_softmax_scale(softmax_scale, where="mla_decode_sparse")
+    b, s_q, h_q = dims.batch, dims.seq_q, dims.heads_q
+    return (jax.core.ShapedArray((b, s_q, h_q, _validate.HEAD_DIM_V), q.dtype),
+            jax.core.ShapedArray((b, s_q, h_q), np.float32))
+
+
 mla_decode_p.def_abstract_eval(_decode_abstract_eval)
+mla_decode_sparse_p.def_abstract_eval(_sparse_abstract_eval)
 mla_decode_schedule_p.def_abstract_eval(_schedule_abstract_eval)
 kv_cache_update_p.def_abstract_eval(_cache_update_abstract_eval)
 
 # Eager calls compile the primitive alone (cached per shapes and params), like jax's own ops.
 mla_decode_p.def_impl(lambda *args, **params: xla.apply_primitive(mla_decode_p, *args, **params))
+mla_decode_sparse_p.def_impl(
+    lambda *args, **params: xla.apply_primitive(mla_decode_sparse_p, *args, **params))
 mla_decode_schedule_p.def_impl(
     lambda *args, **params: xla.apply_primitive(mla_decode_schedule_p, *args, **params))
 kv_cache_update_p.def_impl(
@@ -143,6 +166,50 @@ def _decode_batch(args, bdims, *, softmax_scale, causal, num_parts, kernel, chun
     return (out, lse), (0, 0)
 
 
+def _sparse_batch(args, bdims, *, softmax_scale):
+    q, kv_cache, indices, topk_length, attn_sink = args
+    q_d, kv_d, idx_d, tl_d, sink_d = bdims
+    size = next(x.shape[d] for x, d in zip(args, bdims) if d is not None)
+    q = _to_front(q, q_d, size)              # (V, b, s_q, h_q, 576)
+    indices = _to_front(indices, idx_d, size)  # (V, b, s_q, topk)
+    v, b = q.shape[0], q.shape[1]
+    if kv_d is not None:
+        # V caches end to end as one of V * P pages; instance v's slots shift by v * P * page.
+        # -1 stays -1 (no token); any other out-of-range index becomes -2, still out of range, so
+        # the kernel reports it (with -2 as the index) instead of reading another instance's cache.
+        kv_cache = jnp.moveaxis(kv_cache, kv_d, 0)
+        slots = kv_cache.shape[1] * kv_cache.shape[2]
+        if v * slots > np.iinfo(np.int32).max:
+            raise ValueError(
+                f"mla_decode_sparse under vmap: {v} instances of a {slots}-slot kv_cache exceed the "
+                f"int32 slot range")
+        shift = (jnp.arange(v, dtype=jnp.int32) * slots)[:, None, None, None]
+        valid = (indices >= 0) & (indices < slots)
+        indices = jnp.where(valid, indices + shift, jnp.where(indices == -1, -1, -2)).astype(jnp.int32)
+        kv_cache = kv_cache.reshape((v * kv_cache.shape[1],) + kv_cache.shape[2:])
+    has_len = topk_length.shape[-1] != 0
+    if has_len:
+        topk_length = _to_front(topk_length, tl_d, size).reshape((v * b,))
+    else:
+        topk_length = jnp.zeros((0,), jnp.int32)
+    # A sink is per head: a batched one becomes the (V * b, h_q) per-request form.
+    if attn_sink.shape[-1] == 0:
+        attn_sink = jnp.zeros((0,), jnp.float32)
+    elif sink_d is not None:
+        sink = jnp.moveaxis(attn_sink, sink_d, 0)  # (V, h_q) or (V, b, h_q)
+        if sink.ndim == 2:
+            sink = jnp.broadcast_to(sink[:, None, :], (v, b, sink.shape[-1]))
+        attn_sink = sink.reshape((v * b, sink.shape[-1]))
+    elif attn_sink.ndim == 2:
+        attn_sink = jnp.broadcast_to(attn_sink[None], (v,) + attn_sink.shape).reshape((v * b, -1))
+    out, lse = mla_decode_sparse_p.bind(
+        q.reshape((v * b,) + q.shape[2:]), kv_cache, indices.reshape((v * b,) + indices.shape[2:]),
+        topk_length, attn_sink, softmax_scale=softmax_scale)
+    out = out.reshape((v, b) + out.shape[1:])
+    lse = lse.reshape((v, b) + lse.shape[1:])
+    return (out, lse), (0, 0)
+
+
 def _schedule_batch(args, bdims, *, num_parts, chunk_blocks=0):
     (seq_lens,), (bdim,) = args, bdims
     seq_lens = jnp.moveaxis(seq_lens, bdim, 0)  # (V, b)
@@ -158,6 +225,7 @@ def _cache_update_batch(args, bdims):
 
 batching.primitive_batchers[mla_decode_p] = _decode_batch
 batching.primitive_batchers[mla_decode_schedule_p] = _schedule_batch
+batching.primitive_batchers[mla_decode_sparse_p] = _sparse_batch
 batching.primitive_batchers[kv_cache_update_p] = _cache_update_batch
 
 
@@ -184,3 +252,16 @@ def _no_grad(*args, **kwargs):
 
 ad.primitive_jvps[mla_decode_p] = _no_grad
 ad.primitive_transposes[mla_decode_p] = _no_grad
+
+
+_NO_GRAD_SPARSE = ("mla_decode_sparse is inference-only; it has no gradient (JVP/VJP) rule. Use "
+                   "jax.lax.stop_gradient on its inputs, or jax_mla.reference.mla_decode_sparse_reference "
+                   "(plain jax.numpy, differentiable).")
+
+
+def _no_grad_sparse(*args, **kwargs):
+    raise NotImplementedError(_NO_GRAD_SPARSE)
+
+
+ad.primitive_jvps[mla_decode_sparse_p] = _no_grad_sparse
+ad.primitive_transposes[mla_decode_sparse_p] = _no_grad_sparse

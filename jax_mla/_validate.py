@@ -584,3 +584,101 @@ def check_fp8_unpack_dtype(dtype: Any, where: str = "unpack_fp8_kv") -> np.dtype
         raise TypeError(
             f"{where}: dtype must be bfloat16, float16 or float32, got {_dtype_name(dt)}")
     return dt
+
+
+# Sparse decode (mla_decode_sparse).
+
+
+class SparseDims(NamedTuple):
+    batch: int
+    seq_q: int
+    heads_q: int
+    num_pages: int
+    page_size: int
+    topk: int
+    kv_fp8: bool
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_pages * self.page_size
+
+
+def check_sparse_operands(q: Any, kv_cache: Any, indices: Any, topk_length: Any = None,
+                          attn_sink: Any = None, where: str = "mla_decode_sparse",
+                          primitive: bool = False) -> SparseDims:
+    """Shapes and dtypes of mla_decode_sparse's operands. topk_length / attn_sink may be None, or
+    (for the primitive) arrays of shape (0,) meaning absent; the primitive also takes a (b, h_q)
+    attn_sink (one row per request: vmap over per-instance sinks)."""
+    q_shape = _shape(q)
+    if len(q_shape) != 4 or q_shape[-1] != HEAD_DIM_QK:
+        raise ValueError(
+            f"{where}: q must have shape (b, s_q, h_q, {HEAD_DIM_QK}), got shape {q_shape}")
+    b, s_q, h_q, _ = q_shape
+    if b < 1:
+        raise ValueError(f"{where}: q must have batch size b >= 1, got shape {q_shape}")
+    if not 1 <= s_q <= MAX_SEQ_Q:
+        raise ValueError(f"{where}: q must have 1 <= s_q <= {MAX_SEQ_Q} (dimension 1), got shape {q_shape}")
+    if not 1 <= h_q <= MAX_HEADS_Q:
+        raise ValueError(f"{where}: q must have 1 <= h_q <= {MAX_HEADS_Q} (dimension 2), got shape {q_shape}")
+    q_dtype = _dtype(q)
+    if q_dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{where}: q must have dtype bfloat16 or float16, got {_dtype_name(q_dtype)}")
+    num_pages, page_size = _check_kv_cache_shape(kv_cache, where)
+    fp8 = is_fp8_cache(kv_cache)
+    if not fp8:
+        _check_same_dtype(kv_cache, "kv_cache", q_dtype, "q", where, hint=f" (or {_FP8_HINT})")
+    if num_pages * page_size > _INT32_MAX:
+        raise ValueError(
+            f"{where}: kv_cache has num_pages * page_size = {num_pages * page_size} token slots, more "
+            f"than int32 indices address ({_INT32_MAX})")
+    idx_shape = _shape(indices)
+    if len(idx_shape) != 3 or idx_shape[:2] != (b, s_q) or idx_shape[2] < 1:
+        raise ValueError(
+            f"{where}: indices must have shape (b, s_q, topk) = ({b}, {s_q}, topk >= 1) with b, s_q "
+            f"from q, got shape {idx_shape}")
+    if idx_shape[2] > _INT32_MAX:
+        raise ValueError(f"{where}: indices has topk = {idx_shape[2]} > {_INT32_MAX}")
+    _check_int32(indices, "indices", where)
+    if topk_length is not None and _shape(topk_length) != (0,):
+        if _shape(topk_length) != (b,):
+            raise ValueError(
+                f"{where}: topk_length must have shape (b,) = ({b},) with b from q, got shape "
+                f"{_shape(topk_length)}")
+        _check_int32(topk_length, "topk_length", where)
+    if attn_sink is not None and _shape(attn_sink) != (0,):
+        if _shape(attn_sink) != (h_q,) and not (primitive and _shape(attn_sink) == (b, h_q)):
+            raise ValueError(
+                f"{where}: attn_sink must have shape (h_q,) = ({h_q},) with h_q from q, got shape "
+                f"{_shape(attn_sink)}")
+        if _dtype(attn_sink) != np.dtype(np.float32):
+            raise TypeError(f"{where}: attn_sink must have dtype float32, got {_dtype_name(_dtype(attn_sink))}")
+    return SparseDims(b, s_q, h_q, num_pages, page_size, idx_shape[2], fp8)
+
+
+def check_concrete_sparse(indices: Any, topk_length: Any, dims: SparseDims,
+                          where: str = "mla_decode_sparse") -> None:
+    """Value checks at call time on concrete inputs (under jit the CPU kernel reports a bad index):
+    topk_length[r] in [0, topk]; every counted index -1 or a slot in [0, num_pages * page_size)."""
+    counts = None
+    if topk_length is not None:
+        if not is_concrete(topk_length):
+            return  # which indices count is unknown: the kernel checks them
+        counts = np.asarray(topk_length)
+        bad = np.nonzero((counts < 0) | (counts > dims.topk))[0]
+        if bad.size:
+            r = int(bad[0])
+            raise ValueError(
+                f"{where}: topk_length must satisfy 0 <= topk_length[r] <= topk = {dims.topk}, got "
+                f"topk_length[{r}] = {int(counts[r])}")
+    if not is_concrete(indices):
+        return
+    idx = np.asarray(indices)
+    counted = np.ones(idx.shape, bool) if counts is None else (
+        np.arange(dims.topk)[None, None, :] < counts[:, None, None])
+    bad_idx = counted & (idx != -1) & ((idx < 0) | (idx >= dims.num_slots))
+    if bad_idx.any():
+        r, t, k = (int(v) for v in np.argwhere(bad_idx)[0])
+        raise ValueError(
+            f"{where}: indices[{r}, {t}, {k}] = {int(idx[r, t, k])} (request {r}, query token {t}) is "
+            f"neither -1 nor a token slot page_id * page_size + row in [0, num_pages * page_size) = "
+            f"[0, {dims.num_slots})")

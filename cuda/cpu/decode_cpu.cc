@@ -23,62 +23,18 @@
 #include "common/scheduler.h"
 #include "common/work_iterator.h"
 #include "cpu/block_gemm.h"
+#include "cpu/cpu_rows.h"
 
 namespace jax_mla {
 namespace {
 
 using cpu::kBlockGemmTokenTile;
-
-// Converts `count` 16-bit floats to fp32.
-void load_row(DType dtype, const uint16_t* src, int count, float* dst) {
-  if (dtype == DType::kBF16) {
-    for (int i = 0; i < count; ++i) dst[i] = bf16_to_float(src[i]);
-  } else {
-    for (int i = 0; i < count; ++i) dst[i] = fp16_to_float(src[i]);
-  }
-}
-
-// Writes src * scale as 16-bit floats.
-void store_row(DType dtype, const float* src, float scale, int count, uint16_t* dst) {
-  if (dtype == DType::kBF16) {
-    for (int i = 0; i < count; ++i) dst[i] = float_to_bf16(src[i] * scale);
-  } else {
-    for (int i = 0; i < count; ++i) dst[i] = float_to_fp16(src[i] * scale);
-  }
-}
-
-// float(e4m3) of every byte value: one table lookup per FP8 latent value.
-struct E4m3Table {
-  float value[256];
-  E4m3Table() {
-    for (int i = 0; i < 256; ++i) value[i] = fp8_e4m3_to_float(static_cast<uint8_t>(i));
-  }
-};
-
-const float* e4m3_table() {
-  static const E4m3Table table;
-  return table.value;
-}
-
-// One 656-byte FP8 row (common/config.h) -> its 576 values in fp32, the values
-// jax_mla.unpack_fp8_kv(row, float32) gives: latent = float(e4m3) * scale as one fp32 product
-// (exact for the power-of-two scales pack_fp8_kv writes; any other scale rounds as unpack's does),
-// RoPE = the stored bf16 values (exact in fp32). Only called for rows below seq_len, so the
-// scales of unused rows (often garbage or NaN) are never read.
-void load_fp8_row(const uint8_t* row, const float* e4m3, float* dst) {
-  for (int tile = 0; tile < kFp8Tiles; ++tile) {
-    float scale;
-    std::memcpy(&scale, row + kFp8ScalesOffset + 4 * tile, sizeof(scale));  // little-endian host
-    const uint8_t* v = row + tile * kFp8TileCols;
-    float* d = dst + tile * kFp8TileCols;
-    for (int i = 0; i < kFp8TileCols; ++i) d[i] = e4m3[v[i]] * scale;
-  }
-  for (int i = 0; i < kHeadDimRope; ++i) {
-    uint16_t h;
-    std::memcpy(&h, row + kFp8RopeOffset + 2 * i, sizeof(h));  // 2-byte aligned only
-    dst[kHeadDimV + i] = bf16_to_float(h);
-  }
-}
+using cpu::e4m3_table;
+using cpu::load_fp8_row;
+using cpu::load_row;
+using cpu::parallel_for;
+using cpu::softmax_block_row;
+using cpu::store_row;
 
 // Per-thread buffers, allocated once per worker and reused by all of its tasks.
 struct TaskScratch {
@@ -213,22 +169,7 @@ class DecodeCpu {
         const int n = std::min(token_end, s.visible[i]) - token0;  // keys row i sees in this block
         s.visible_in_block[i] = std::max(n, 0);
         if (n <= 0) continue;
-        float* score = &s.scores[i * kBlockN];  // (kBlockN)
-        float block_max = -INFINITY;
-        for (int j = 0; j < n; ++j) {
-          score[j] *= p_.softmax_scale;
-          // NaN never becomes the max; it still poisons the sums below, as NaN data should.
-          block_max = score[j] > block_max ? score[j] : block_max;
-        }
-        const float new_max = std::max(s.row_max[i], block_max);
-        float block_sum = 0.f;
-        for (int j = 0; j < n; ++j) {
-          score[j] = std::exp(score[j] - new_max);
-          block_sum += score[j];
-        }
-        s.correction[i] = std::exp(s.row_max[i] - new_max);  // 0 for the row's first key
-        s.row_max[i] = new_max;
-        s.row_sum[i] = s.row_sum[i] * s.correction[i] + block_sum;
+        s.correction[i] = softmax_block_row(&s.scores[i * kBlockN], n, p_.softmax_scale, s.row_max[i], s.row_sum[i]);
       }
 
       // acc = acc * correction + P V for the rows that saw keys in this block.
@@ -277,31 +218,6 @@ class DecodeCpu {
   int num_m_blocks_;
   const cpu::BlockGemm& gemm_;
 };
-
-// Runs body(item, worker_state) for item in [0, num_items) on up to num_threads threads
-// (the calling thread included), handing out items through an atomic counter. The per-thread
-// states are allocated up front on the calling thread, so an allocation failure surfaces there
-// (as std::bad_alloc, before any thread starts) rather than inside a worker.
-template <typename State, typename Body>
-void parallel_for(int64_t num_items, int num_threads, Body body) {
-  const int workers = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, num_items)));
-  std::vector<State> states(workers);
-  std::atomic<int64_t> next{0};
-  auto work = [&](State& state) {
-    for (int64_t item = next.fetch_add(1); item < num_items; item = next.fetch_add(1)) body(item, state);
-  };
-  std::vector<std::thread> threads;
-  threads.reserve(workers - 1);
-  for (int w = 1; w < workers; ++w) {
-    try {
-      threads.emplace_back(work, std::ref(states[w]));
-    } catch (const std::system_error&) {
-      break;  // no more threads available: the running ones (this one included) take the rest
-    }
-  }
-  work(states[0]);
-  for (std::thread& t : threads) t.join();
-}
 
 }  // namespace
 

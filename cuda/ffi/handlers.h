@@ -7,6 +7,7 @@
 // CPU platform: single-stage handlers.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MlaDecodeCpu);          // target jax_mla_decode
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MlaDecodeScheduleCpu);  // target jax_mla_decode_schedule
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MlaDecodeSparseCpu);    // target jax_mla_decode_sparse (cpu_sparse_handler.cc; no CUDA handler yet)
 
 #ifdef JAX_MLA_WITH_CUDA
 // CUDA platform. Both targets share an initialize stage that sets the device up once

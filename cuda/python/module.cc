@@ -35,6 +35,7 @@ nb::dict registrations() {
   nb::dict cpu;
   cpu["jax_mla_decode"] = handler_capsule(MlaDecodeCpu);
   cpu["jax_mla_decode_schedule"] = handler_capsule(MlaDecodeScheduleCpu);
+  cpu["jax_mla_decode_sparse"] = handler_capsule(MlaDecodeSparseCpu);  // CPU only for now
   nb::dict platforms;
   platforms["cpu"] = cpu;
 #ifdef JAX_MLA_WITH_CUDA

@@ -174,7 +174,8 @@ def test_export_needs_the_disabled_checks():
     with pytest.raises(ValueError, match="jax_mla_decode"):
         jax.export.export(jax.jit(decode))(*data.args)
     names = {str(c) for c in jax_mla.export_disabled_checks()}
-    assert names == {"custom_call:jax_mla_decode", "custom_call:jax_mla_decode_schedule"}
+    assert names == {"custom_call:jax_mla_decode", "custom_call:jax_mla_decode_schedule",
+                     "custom_call:jax_mla_decode_sparse"}
 
 
 # ----------------------------------------------------------------------------------------------
