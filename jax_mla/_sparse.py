@@ -113,7 +113,7 @@ def _sharded_call(p, body, q, kv_cache, indices, topk_length, attn_sink):
         rest = list(rest)
         tl = rest.pop(0) if has_len else None
         sink = rest.pop(0) if has_sink else None
-        return body(q, kv_cache, indices, tl, sink)
+        return tuple(body(q, kv_cache, indices, tl, sink))
 
     out_specs = (P(B, None, H, None), P(B, None, H))
     # Under jit even when eager, as _sharding.sharded_call (its comment says why).
