@@ -86,7 +86,7 @@ def test_module_surface():
 
 def test_registrations_format():
     regs = _ext.registrations()
-    assert set(regs["cpu"]) == {"jax_mla_decode", "jax_mla_decode_schedule"}
+    assert set(regs["cpu"]) == {"jax_mla_decode", "jax_mla_decode_schedule", "jax_mla_decode_sparse"}
     capsule_type = type(regs["cpu"]["jax_mla_decode"])
     assert capsule_type.__name__ == "PyCapsule"
     if _ext.has_cuda():
@@ -95,6 +95,7 @@ def test_registrations_format():
         for target in ("jax_mla_decode", "jax_mla_decode_schedule"):
             assert set(cuda[target]) == {"initialize", "execute"}
             assert all(type(c) is capsule_type for c in cuda[target].values())
+        assert "jax_mla_decode_sparse" not in cuda  # no CUDA kernel yet: the lowering refuses
     else:
         assert set(regs) == {"cpu"}
 
