@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from . import _lowering, _sharding, _validate  # noqa: F401 (_lowering registers the FFI targets)
@@ -14,7 +15,6 @@ from ._primitive import mla_decode_sparse_p
 
 
 def _as_array(x: Any) -> Any:
-    import numpy as np
     return x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x)
 
 
