@@ -195,7 +195,7 @@ print(f"  python {sys.version.split()[0]}, jax {jax.__version__}, jaxlib {jaxlib
       f"handlers {sorted(regs)}")
 want = {"cpu"} | ({"CUDA"} if sys.argv[1] == "1" else set())
 if "site-packages" not in _ext.__file__ or not want <= set(regs) or \
-        sorted(regs["cpu"]) != ["jax_mla_decode", "jax_mla_decode_schedule"]:
+        sorted(regs["cpu"]) != ["jax_mla_decode", "jax_mla_decode_schedule", "jax_mla_decode_sparse"]:
     sys.exit(f"  expected the installed wheel with handlers for {sorted(want)}")
 EOF
   report "$(cat "$WORK/out.txt")"
