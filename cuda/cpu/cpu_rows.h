@@ -93,6 +93,13 @@ inline float softmax_block_row(float* score, int n, float scale, float& row_max,
   return correction;
 }
 
+// The worker count of a CPU call: max_threads when positive (JAX_MLA_CPU_THREADS), else every
+// hardware thread, at least one.
+inline int thread_count(int max_threads) {
+  const int n = max_threads > 0 ? max_threads : static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(n, 1);
+}
+
 // Runs body(item, worker_state) for item in [0, num_items) on up to num_threads threads
 // (the calling thread included), handing out items through an atomic counter. The per-thread
 // states are allocated up front on the calling thread, so an allocation failure surfaces there

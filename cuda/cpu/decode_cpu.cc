@@ -14,7 +14,6 @@
 #include <cstring>
 #include <functional>
 #include <system_error>
-#include <thread>
 #include <vector>
 
 #include "common/config.h"
@@ -222,8 +221,7 @@ class DecodeCpu {
 }  // namespace
 
 void decode_cpu(const DecodeProblem& params, bool baseline_gemm, int max_threads) {
-  int num_threads = max_threads > 0 ? max_threads : static_cast<int>(std::thread::hardware_concurrency());
-  num_threads = std::max(num_threads, 1);
+  const int num_threads = cpu::thread_count(max_threads);
   const DecodeCpu decode(params, baseline_gemm);
 
   parallel_for<TaskScratch>(decode.num_tasks(), num_threads,

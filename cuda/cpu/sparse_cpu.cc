@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <thread>
 #include <vector>
 
 #include "common/config.h"
@@ -123,8 +122,7 @@ class SparseCpu {
 }  // namespace
 
 void decode_sparse_cpu(const SparseProblem& p, bool baseline_gemm, int max_threads) {
-  int num_threads = max_threads > 0 ? max_threads : static_cast<int>(std::thread::hardware_concurrency());
-  num_threads = std::max(num_threads, 1);
+  const int num_threads = cpu::thread_count(max_threads);
   const SparseCpu sparse(p, baseline_gemm);
   cpu::parallel_for<SparseScratch>(sparse.num_tasks(), num_threads,
                                    [&](int64_t task, SparseScratch& s) { sparse.run_task(task, s); });

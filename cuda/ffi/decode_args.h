@@ -55,6 +55,88 @@ inline const char* dtype_name(ffi::DataType t) {
   }
 }
 
+// q (b, s_q, h_q, 576) bf16 | f16 within the limits: what every target taking q checks first,
+// since q fixes b, s_q, h_q and the dtype that the other buffers are checked against.
+struct QDims {
+  int64_t batch = 0, seq_q = 0, heads_q = 0;
+  ffi::DataType dtype = ffi::DataType::BF16;
+};
+
+inline ffi::Error check_q(const char* target, ffi::AnyBuffer q, QDims* dims) {
+  const auto qd = q.dimensions();
+  if (qd.size() != 4 || qd[3] != kHeadDimQK) {
+    return invalid_argument(target, "q must have shape (b, s_q, h_q, ", kHeadDimQK, "), got ", shape_string(qd));
+  }
+  const ffi::DataType dtype = q.element_type();
+  if (dtype != ffi::DataType::BF16 && dtype != ffi::DataType::F16) {
+    return invalid_argument(target, "q must be bfloat16 or float16, got ", dtype_name(dtype));
+  }
+  const int64_t batch = qd[0], seq_q = qd[1], heads_q = qd[2];
+  if (batch > kIntMax) return invalid_argument(target, "batch size ", batch, " exceeds ", kIntMax);
+  if (seq_q < 1 || seq_q > kMaxSeqQ) {
+    return invalid_argument(target, "s_q = q.shape[1] = ", seq_q, " must be in [1, ", kMaxSeqQ, "]");
+  }
+  if (heads_q < 1 || heads_q > kMaxHeadsQ) {
+    return invalid_argument(target, "h_q = q.shape[2] = ", heads_q, " must be in [1, ", kMaxHeadsQ, "]");
+  }
+  *dims = QDims{batch, seq_q, heads_q, dtype};
+  return ffi::Error::Success();
+}
+
+// kv_cache (num_pages, page_size >= 1, row): the cache's element type picks its format, q's dtype
+// (576 values a token) or uint8 (the 656-byte FP8 row of common/config.h). Anything else is a
+// mistake, whatever its shape.
+inline ffi::Error check_kv_cache(const char* target, ffi::AnyBuffer kv_cache, ffi::DataType dtype, bool* fp8) {
+  *fp8 = kv_cache.element_type() == ffi::DataType::U8;
+  if (!*fp8 && kv_cache.element_type() != dtype) {
+    return invalid_argument(target, "kv_cache dtype ", dtype_name(kv_cache.element_type()),
+                            " differs from q dtype ", dtype_name(dtype), " (or is uint8 for FP8 rows of ",
+                            kFp8RowBytes, " bytes)");
+  }
+  const int64_t row_width = *fp8 ? kFp8RowBytes : kHeadDimQK;
+  const auto kd = kv_cache.dimensions();
+  if (kd.size() != 3 || kd[2] != row_width) {
+    return invalid_argument(target, "kv_cache must have shape (num_pages, page_size, ", row_width, ")",
+                            *fp8 ? " (uint8: FP8 rows)" : "", ", got ", shape_string(kd));
+  }
+  if (kd[1] < 1) return invalid_argument(target, "kv_cache page_size = kv_cache.shape[1] must be >= 1, got ", kd[1]);
+  if (kd[0] > kIntMax || kd[1] > kIntMax) {
+    return invalid_argument(target, "kv_cache shape ", shape_string(kd), " has a dimension above ", kIntMax);
+  }
+  return ffi::Error::Success();
+}
+
+// The results out (b, s_q, h_q, 512) in q's dtype and lse (b, s_q, h_q) float32.
+inline ffi::Error check_out_lse(const char* target, ffi::AnyBuffer out, ffi::AnyBuffer lse, const QDims& q) {
+  const auto od = out.dimensions();
+  if (od.size() != 4 || od[0] != q.batch || od[1] != q.seq_q || od[2] != q.heads_q || od[3] != kHeadDimV) {
+    return invalid_argument(target, "out must have shape (", q.batch, ", ", q.seq_q, ", ", q.heads_q, ", ",
+                            kHeadDimV, "), got ", shape_string(od));
+  }
+  if (out.element_type() != q.dtype) {
+    return invalid_argument(target, "out dtype ", dtype_name(out.element_type()), " differs from q dtype ",
+                            dtype_name(q.dtype));
+  }
+  const auto ld = lse.dimensions();
+  if (ld.size() != 3 || ld[0] != q.batch || ld[1] != q.seq_q || ld[2] != q.heads_q) {
+    return invalid_argument(target, "lse must have shape (", q.batch, ", ", q.seq_q, ", ", q.heads_q, "), got ",
+                            shape_string(ld));
+  }
+  if (lse.element_type() != ffi::DataType::F32) {
+    return invalid_argument(target, "lse must be float32, got ", dtype_name(lse.element_type()));
+  }
+  return ffi::Error::Success();
+}
+
+// Mirrors _validate.check_softmax_scale: the kernels scale the row max of the raw scores, which
+// is the max of the scaled scores only for a positive, finite scale.
+inline ffi::Error check_softmax_scale(const char* target, float softmax_scale) {
+  if (!(softmax_scale > 0.f) || !std::isfinite(softmax_scale)) {
+    return invalid_argument(target, "softmax_scale must be positive and finite, got ", softmax_scale);
+  }
+  return ffi::Error::Success();
+}
+
 // The problem a valid jax_mla_decode call describes.
 struct DecodeShape {
   int batch = 0, seq_q = 0, heads_q = 0, rows = 0;  // rows = seq_q * heads_q
@@ -87,43 +169,13 @@ inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576
                                DecodeShape* shape) {
   constexpr const char* kTarget = "jax_mla_decode";
 
-  // q fixes b, s_q, h_q and the dtype; everything else is checked against it.
-  const auto qd = q.dimensions();
-  if (qd.size() != 4 || qd[3] != kHeadDimQK) {
-    return invalid_argument(kTarget, "q must have shape (b, s_q, h_q, ", kHeadDimQK, "), got ", shape_string(qd));
-  }
-  const ffi::DataType dtype = q.element_type();
-  if (dtype != ffi::DataType::BF16 && dtype != ffi::DataType::F16) {
-    return invalid_argument(kTarget, "q must be bfloat16 or float16, got ", dtype_name(dtype));
-  }
-  const int64_t batch = qd[0], seq_q = qd[1], heads_q = qd[2];
-  if (batch > kIntMax) return invalid_argument(kTarget, "batch size ", batch, " exceeds ", kIntMax);
-  if (seq_q < 1 || seq_q > kMaxSeqQ) {
-    return invalid_argument(kTarget, "s_q = q.shape[1] = ", seq_q, " must be in [1, ", kMaxSeqQ, "]");
-  }
-  if (heads_q < 1 || heads_q > kMaxHeadsQ) {
-    return invalid_argument(kTarget, "h_q = q.shape[2] = ", heads_q, " must be in [1, ", kMaxHeadsQ, "]");
-  }
-
-  // The cache's element type picks its format: q's dtype (576 values a token) or uint8 (the
-  // 656-byte FP8 row of common/config.h). Anything else is a mistake, whatever its shape.
-  const bool fp8 = kv_cache.element_type() == ffi::DataType::U8;
-  if (!fp8 && kv_cache.element_type() != dtype) {
-    return invalid_argument(kTarget, "kv_cache dtype ", dtype_name(kv_cache.element_type()),
-                            " differs from q dtype ", dtype_name(dtype), " (or is uint8 for FP8 rows of ",
-                            kFp8RowBytes, " bytes)");
-  }
-  const int64_t row_width = fp8 ? kFp8RowBytes : kHeadDimQK;
-  const auto kd = kv_cache.dimensions();
-  if (kd.size() != 3 || kd[2] != row_width) {
-    return invalid_argument(kTarget, "kv_cache must have shape (num_pages, page_size, ", row_width, ")",
-                            fp8 ? " (uint8: FP8 rows)" : "", ", got ", shape_string(kd));
-  }
-  const int64_t num_pages = kd[0], page_size = kd[1];
-  if (page_size < 1) return invalid_argument(kTarget, "kv_cache page_size = kv_cache.shape[1] must be >= 1, got ", page_size);
-  if (num_pages > kIntMax || page_size > kIntMax) {
-    return invalid_argument(kTarget, "kv_cache shape ", shape_string(kd), " has a dimension above ", kIntMax);
-  }
+  QDims qdims;
+  if (ffi::Error e = check_q(kTarget, q, &qdims); e.failure()) return e;
+  const int64_t batch = qdims.batch, seq_q = qdims.seq_q, heads_q = qdims.heads_q;
+  const ffi::DataType dtype = qdims.dtype;
+  bool fp8 = false;
+  if (ffi::Error e = check_kv_cache(kTarget, kv_cache, dtype, &fp8); e.failure()) return e;
+  const int64_t num_pages = kv_cache.dimensions()[0], page_size = kv_cache.dimensions()[1];
 
   const auto bd = block_table.dimensions();
   if (block_table.element_type() != ffi::DataType::S32) {
@@ -162,29 +214,8 @@ inline ffi::Error check_decode(ffi::AnyBuffer q,            // (b, s_q, h_q, 576
                             shape_string(schd));
   }
 
-  const auto od = out.dimensions();
-  if (od.size() != 4 || od[0] != batch || od[1] != seq_q || od[2] != heads_q || od[3] != kHeadDimV) {
-    return invalid_argument(kTarget, "out must have shape (", batch, ", ", seq_q, ", ", heads_q, ", ", kHeadDimV,
-                            "), got ", shape_string(od));
-  }
-  if (out.element_type() != dtype) {
-    return invalid_argument(kTarget, "out dtype ", dtype_name(out.element_type()), " differs from q dtype ",
-                            dtype_name(dtype));
-  }
-  const auto ld = lse.dimensions();
-  if (ld.size() != 3 || ld[0] != batch || ld[1] != seq_q || ld[2] != heads_q) {
-    return invalid_argument(kTarget, "lse must have shape (", batch, ", ", seq_q, ", ", heads_q, "), got ",
-                            shape_string(ld));
-  }
-  if (lse.element_type() != ffi::DataType::F32) {
-    return invalid_argument(kTarget, "lse must be float32, got ", dtype_name(lse.element_type()));
-  }
-
-  // Mirrors _validate.check_softmax_scale: the kernels scale the row max of the raw scores, which
-  // is the max of the scaled scores only for a positive, finite scale.
-  if (!(softmax_scale > 0.f) || !std::isfinite(softmax_scale)) {
-    return invalid_argument(kTarget, "softmax_scale must be positive and finite, got ", softmax_scale);
-  }
+  if (ffi::Error e = check_out_lse(kTarget, out, lse, qdims); e.failure()) return e;
+  if (ffi::Error e = check_softmax_scale(kTarget, softmax_scale); e.failure()) return e;
 
   // The `kernel` attribute (kernel_select.h). The CPU handler then ignores it (one CPU kernel).
   Kernel k;

@@ -3,7 +3,6 @@
 // Buffer order: docs/design.md ("Sparse decode").
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 
 #include "common/config.h"
@@ -26,34 +25,13 @@ inline ffi::Error check_sparse(ffi::AnyBuffer q,            // (b, s_q, h_q, 576
                                ffi::AnyBuffer lse,          // (b, s_q, h_q) f32
                                float softmax_scale, SparseProblem* problem) {
   constexpr const char* kTarget = kSparseTarget;
-  const auto qd = q.dimensions();
-  if (qd.size() != 4 || qd[3] != kHeadDimQK) {
-    return invalid_argument(kTarget, "q must have shape (b, s_q, h_q, ", kHeadDimQK, "), got ", shape_string(qd));
-  }
-  const ffi::DataType dtype = q.element_type();
-  if (dtype != ffi::DataType::BF16 && dtype != ffi::DataType::F16) {
-    return invalid_argument(kTarget, "q must be bfloat16 or float16, got ", dtype_name(dtype));
-  }
-  const int64_t batch = qd[0], seq_q = qd[1], heads_q = qd[2];
-  if (batch > kIntMax) return invalid_argument(kTarget, "batch size ", batch, " exceeds ", kIntMax);
-  if (seq_q < 1 || seq_q > kMaxSeqQ) {
-    return invalid_argument(kTarget, "s_q = q.shape[1] = ", seq_q, " must be in [1, ", kMaxSeqQ, "]");
-  }
-  if (heads_q < 1 || heads_q > kMaxHeadsQ) {
-    return invalid_argument(kTarget, "h_q = q.shape[2] = ", heads_q, " must be in [1, ", kMaxHeadsQ, "]");
-  }
-  const bool fp8 = kv_cache.element_type() == ffi::DataType::U8;
-  if (!fp8 && kv_cache.element_type() != dtype) {
-    return invalid_argument(kTarget, "kv_cache dtype ", dtype_name(kv_cache.element_type()),
-                            " differs from q dtype ", dtype_name(dtype), " (or is uint8 for FP8 rows of ",
-                            kFp8RowBytes, " bytes)");
-  }
-  const int64_t row_width = fp8 ? kFp8RowBytes : kHeadDimQK;
+  QDims qdims;
+  if (ffi::Error e = check_q(kTarget, q, &qdims); e.failure()) return e;
+  const int64_t batch = qdims.batch, seq_q = qdims.seq_q, heads_q = qdims.heads_q;
+  const ffi::DataType dtype = qdims.dtype;
+  bool fp8 = false;
+  if (ffi::Error e = check_kv_cache(kTarget, kv_cache, dtype, &fp8); e.failure()) return e;
   const auto kd = kv_cache.dimensions();
-  if (kd.size() != 3 || kd[2] != row_width || kd[1] < 1) {
-    return invalid_argument(kTarget, "kv_cache must have shape (num_pages, page_size >= 1, ", row_width, "), got ",
-                            shape_string(kd));
-  }
   const int64_t num_slots = kd[0] * kd[1];
   if (num_slots > kIntMax) {
     return invalid_argument(kTarget, "kv_cache has ", num_slots, " token slots, above ", kIntMax,
@@ -80,21 +58,8 @@ inline ffi::Error check_sparse(ffi::AnyBuffer q,            // (b, s_q, h_q, 576
                             heads_q, "), got ",
                             dtype_name(attn_sink.element_type()), " ", shape_string(sd));
   }
-  const auto od = out.dimensions();
-  if (od.size() != 4 || od[0] != batch || od[1] != seq_q || od[2] != heads_q || od[3] != kHeadDimV ||
-      out.element_type() != dtype) {
-    return invalid_argument(kTarget, "out must be ", dtype_name(dtype), " (", batch, ", ", seq_q, ", ", heads_q, ", ",
-                            kHeadDimV, "), got ", dtype_name(out.element_type()), " ", shape_string(od));
-  }
-  const auto ld = lse.dimensions();
-  if (ld.size() != 3 || ld[0] != batch || ld[1] != seq_q || ld[2] != heads_q ||
-      lse.element_type() != ffi::DataType::F32) {
-    return invalid_argument(kTarget, "lse must be float32 (", batch, ", ", seq_q, ", ", heads_q, "), got ",
-                            dtype_name(lse.element_type()), " ", shape_string(ld));
-  }
-  if (!(softmax_scale > 0.f) || !std::isfinite(softmax_scale)) {
-    return invalid_argument(kTarget, "softmax_scale must be positive and finite, got ", softmax_scale);
-  }
+  if (ffi::Error e = check_out_lse(kTarget, out, lse, qdims); e.failure()) return e;
+  if (ffi::Error e = check_softmax_scale(kTarget, softmax_scale); e.failure()) return e;
   SparseProblem& p = *problem;
   p.batch = static_cast<int>(batch);
   p.seq_q = static_cast<int>(seq_q);
