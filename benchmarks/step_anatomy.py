@@ -10,6 +10,10 @@ builds the same step for one config and
     cuProfilerStart/Stop, so that `ncu --profile-from-start off --metrics gpu__time_duration.sum`
     lists every kernel a step launches, with its duration (ncu serialises them: the sum is the
     step's GPU time without overlap).
+  - with --timeline, records one step of each variant and one FlashMLA graph with torch.profiler
+    (CUPTI activity records, which also see the kernels of XLA's graphs in this process; Nsight
+    Systems is not on the device machine) and prints, per side, every kernel's start, duration and
+    the gap before it, then the step's span, busy time and gaps: how consecutive calls overlap.
   - with --sustain S, runs each variant's step back to back for S seconds while nvidia-smi samples
     the SM clock and the power every 50 ms, and prints their medians per variant (a kernel whose
     sustained clock drops under power limits is slower back to back than in one isolated call).
@@ -35,6 +39,47 @@ from bench_peers import PAGE_SIZE, load_peers  # noqa: E402
 from configs import CONFIGS  # noqa: E402
 
 
+def timeline(run, names, calls) -> None:
+    """One step of each of `names` under torch.profiler: the CUDA kernels of each, in start order
+    (from the chrome trace's "kernel" events: ts and dur in us)."""
+    import json
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for n in names:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run(n)
+            torch.cuda.synchronize()
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            prof.export_chrome_trace(f.name)
+            events = json.load(open(f.name)).get("traceEvents", [])
+        kernels = sorted(((float(e["ts"]), float(e["dur"]), e.get("name", "?")) for e in events
+                          if e.get("cat") == "kernel" and "dur" in e), key=lambda k: k[0])
+        if not kernels:
+            print(f"timeline {n}: no kernel recorded", flush=True)
+            continue
+        t0 = kernels[0][0]
+        prev_end, busy, gaps, overlap = t0, 0.0, 0.0, 0.0
+        print(f"timeline {n}: {len(kernels)} kernels in one step of {calls} calls (us: start, duration, "
+              f"gap before)", flush=True)
+        for i, (start, dur, name) in enumerate(kernels):
+            gap = start - prev_end
+            gaps += max(gap, 0.0)
+            overlap += max(-gap, 0.0)
+            busy += dur
+            if i < 12 or i >= len(kernels) - 4:
+                print(f"  {start - t0:9.1f} {dur:8.1f} {gap:7.1f}  {name[:90]}", flush=True)
+            elif i == 12:
+                print("  ...", flush=True)
+            prev_end = max(prev_end, start + dur)
+        span = prev_end - t0
+        print(f"timeline {n}: span {span:.1f} us ({span / calls:.1f} per call), kernels {busy:.1f}, "
+              f"gaps {gaps:.1f}, overlap {overlap:.1f}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--peers", default=os.path.join(HERE, "..", ".peers", "lib"))
@@ -42,6 +87,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--timeline", action="store_true", help="kernel start / duration / gap of one step each")
     ap.add_argument("--sustain", type=float, default=0.0, help="seconds of back-to-back steps per variant")
     args = ap.parse_args()
     _setup_xla_flags(True)
@@ -108,6 +154,9 @@ def main() -> int:
             run(n)
         cuda.cuProfilerStop()
         print(f"# profiled one step of each of {names} ({calls} calls)", flush=True)
+        return 0
+    if args.timeline:
+        timeline(run, names, calls)
         return 0
     if args.sustain > 0:
         import subprocess
