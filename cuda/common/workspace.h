@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "config.h"
+#include "problem.h"
 #include "scheduler.h"
 
 namespace jax_mla {
@@ -36,6 +37,22 @@ MLA_HOST_DEVICE WorkspaceLayout workspace_layout(int64_t batch, int64_t rows, in
   w.merge_counters_offset = w.partial_out_offset + splits * rows * kHeadDimV * 4;
   w.total_bytes = w.merge_counters_offset + merge_counters_bytes(batch, rows);
   return w;
+}
+
+// The split-KV scratch of a DecodeProblem, carved out of a workspace laid out by workspace_layout
+// for its batch, rows, num_parts and chunks (the CUDA handlers' workspace result, or its first
+// part in the sparse one's): sets p.partial_lse / p.partial_out, returns the rest.
+struct WorkspaceScratch {
+  int* merge_counters;        // (b, row blocks) the SM90 in-kernel merge's counters
+  int32_t* schedule_scratch;  // where the in-op schedule goes
+};
+inline WorkspaceScratch attach_workspace(DecodeProblem& p, void* workspace) {
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  const WorkspaceLayout layout = workspace_layout(p.batch, p.rows, p.num_parts, p.chunks.max_chunks);
+  p.partial_lse = reinterpret_cast<float*>(ws + layout.partial_lse_offset);
+  p.partial_out = reinterpret_cast<float*>(ws + layout.partial_out_offset);
+  return {reinterpret_cast<int*>(ws + layout.merge_counters_offset),
+          reinterpret_cast<int32_t*>(ws + layout.schedule_offset)};
 }
 
 }  // namespace jax_mla
