@@ -38,6 +38,7 @@ BLOCK_N = LIMITS["BLOCK_N"]  # KV tokens per scheduling block
 DEFAULT_INVARIANT_CHUNK = LIMITS["DEFAULT_INVARIANT_CHUNK"]  # batch_invariant's chunk (tokens)
 MAX_INVARIANT_CHUNK = LIMITS["MAX_INVARIANT_CHUNK"]
 _INT32_MAX = LIMITS["INT32_MAX"]
+MAX_GPU_BATCH = LIMITS["MAX_GPU_BATCH"]  # requests a GPU call plans in the op (sparse: b * s_q)
 # The FP8 cache row (cuda/common/config.h; jax_mla._fp8 packs it): a uint8 kv_cache's last dimension,
 # the latent values per float32 scale, and where the scales and the bfloat16 RoPE values start.
 FP8_ROW_BYTES = LIMITS["FP8_ROW_BYTES"]
