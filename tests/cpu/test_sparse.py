@@ -152,3 +152,29 @@ def test_rank4_cache_and_vmap():
     for v in range(V):
         ref_out, ref_lse = cases.sparse_brute_force(qs[v], datas[0][3], idxs[v])
         cases.assert_close_rounding_only(out2[v], ref_lse, ref_out, ref_lse, "bfloat16", 10.0, 20.0)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16cache", "fp8cache"])
+def test_one_token_page_view_is_the_dense_decode(fp8):
+    """The GPU path's view (cuda/runtime/sparse_launch.h), checked with the CPU kernels: one request
+    per query token, the cache as pages of one token, each request's block table its counted
+    indices without -1 (in order) and seq_len their count. mla_decode over that view is
+    mla_decode_sparse."""
+    b, s_q, h_q, topk = 3, 2, 16, 200
+    q, kv, idx, rows64 = cases.make_sparse(11, b=b, s_q=s_q, h_q=h_q, topk=topk, page_size=5, num_pages=80, fp8=fp8)
+    tl = np.array([topk, 0, 77], np.int32)
+    want_out, want_lse = jax_mla.mla_decode_sparse(q, kv, idx, topk_length=tl, return_lse=True)
+    table = np.zeros((b * s_q, topk), np.int32)  # the compaction kernel's result (common/sparse_table.cu)
+    lens = np.zeros(b * s_q, np.int32)
+    for r in range(b):
+        for t in range(s_q):
+            kept = idx[r, t, :tl[r]][idx[r, t, :tl[r]] != -1]
+            table[r * s_q + t, :kept.size] = kept
+            lens[r * s_q + t] = kept.size
+    slots = kv.shape[0] * kv.shape[1]
+    out, lse = jax_mla.mla_decode(q.reshape(b * s_q, 1, h_q, 576), kv.reshape(slots, 1, kv.shape[-1]), table, lens,
+                                  return_lse=True)
+    ref_out, ref_lse = cases.sparse_brute_force(q, rows64, idx, tl)
+    cases.assert_close_rounding_only(np.asarray(out).reshape(want_out.shape), np.asarray(lse).reshape(want_lse.shape),
+                                     ref_out, ref_lse, "bfloat16", 10.0, 20.0)
+    cases.assert_close_rounding_only(want_out, want_lse, ref_out, ref_lse, "bfloat16", 10.0, 20.0)
