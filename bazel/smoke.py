@@ -64,9 +64,10 @@ def main() -> int:
 
     lib_path = os.path.abspath(a.ffi_lib)
     lib = ctypes.CDLL(lib_path)
-    names = ["MlaDecodeCpu", "MlaDecodeScheduleCpu"]
+    names = ["MlaDecodeCpu", "MlaDecodeScheduleCpu", "MlaDecodeSparseCpu"]
     if a.cuda:
-        names += ["MlaDecodeCudaInitialize", "MlaDecodeCudaExecute", "MlaDecodeScheduleCudaExecute"]
+        names += ["MlaDecodeCudaInitialize", "MlaDecodeCudaExecute", "MlaDecodeScheduleCudaExecute",
+                  "MlaDecodeSparseCudaExecute"]
     for n in names:
         jax.ffi.pycapsule(getattr(lib, n))  # AttributeError if not exported
     print(f"{os.path.basename(lib_path)} exports {', '.join(names)}")

@@ -5,7 +5,7 @@ Public API:
              return_lse=False, schedule=None, kernel="auto")
   mla_decode_sparse(q, kv_cache, indices, *, topk_length=None, softmax_scale=None,
                     attn_sink=None, return_lse=False)
-                             sparse (top-k selected slots) decode, DeepSeek-V3.2; CPU only for now
+                             sparse (top-k selected slots) decode, DeepSeek-V3.2
   decode_schedule(seq_lens, *, num_heads, seq_q=1, num_parts=None)
   update_kv_cache(kv_cache, new_latent, block_table, positions)
                              write new tokens' latent rows into the paged cache (in place if donated)

@@ -7,9 +7,11 @@ Targets and their buffer order are the contract of docs/design.md ("FFI targets"
          kernel i32 (_validate.KERNELS; the CPU handler checks it and ignores it), chunk_blocks i32
          (0, or the batch-invariant plan's chunk in 64-token blocks)
   jax_mla_decode_schedule(seq_lens) -> schedule; attrs num_parts i32, chunk_blocks i32
-  jax_mla_decode_sparse(q, kv_cache, indices, topk_length, attn_sink) -> out, lse; attr
-      softmax_scale f32 (topk_length (0,) or (b,) s32, attn_sink (0,) or (h_q,) f32). CPU only:
-      the CUDA lowering refuses at trace time until a GPU kernel exists.
+  jax_mla_decode_sparse(q, kv_cache, indices, topk_length, attn_sink)
+      -> out, lse [, workspace u8 on CUDA]; attr softmax_scale f32 [, num_parts i32 on CUDA]
+      (topk_length (0,) or (b,) s32, attn_sink (0,), (h_q,) or (b, h_q) f32). On CUDA the call runs
+      as a dense decode over one-token pages on the portable kernel (cuda/runtime/sparse_launch.h),
+      whose split-KV plan over the b * s_q query tokens sizes the workspace.
 
 The handlers come from the extension module (`ext.registrations()`), registered once at import.
 Lowering only emits a custom call by name, so the CUDA lowering is available on every machine
@@ -62,11 +64,21 @@ def _sparse_lowering_cpu(ctx, q, kv_cache, indices, topk_length, attn_sink, *, s
                        softmax_scale=np.float32(softmax_scale))
 
 
-NO_SPARSE_CUDA = "mla_decode_sparse: no CUDA kernel yet; run it on the CPU"
+def _sparse_lowering_cuda(ctx, q, kv_cache, indices, topk_length, attn_sink, *, softmax_scale):
+    # The handler runs the call as a dense decode of b * s_q one-token requests of h_q rows
+    # (cuda/runtime/sparse_launch.h), planned in the op with mla_decode's default num_parts for
+    # h_q rows; its scratch is an extra result, dropped as for mla_decode.
+    from ._api import default_num_parts  # _api imports this module
 
-
-def _sparse_lowering_cuda(ctx, *args, **params):
-    raise ValueError(NO_SPARSE_CUDA + " (e.g. under jax.default_device(jax.devices('cpu')[0]))")
+    dims = _validate.check_sparse_operands(*ctx.avals_in, primitive=True)
+    _validate.check_gpu_sparse(dims)
+    num_parts = default_num_parts(1, dims.heads_q)
+    nbytes = int(ext.sparse_workspace_bytes(dims.batch * dims.seq_q, dims.heads_q, dims.topk, num_parts))
+    workspace = jax.core.ShapedArray((nbytes,), np.uint8)
+    ctx_ws = ctx.replace(avals_out=[*ctx.avals_out, workspace])
+    results = _sparse_ffi(ctx_ws, q, kv_cache, indices, topk_length, attn_sink,
+                          softmax_scale=np.float32(softmax_scale), num_parts=np.int32(num_parts))
+    return list(results)[:2]
 
 
 def _decode_attrs(softmax_scale, causal, num_parts, kernel, chunk_blocks):

@@ -18,7 +18,6 @@ mla_decode_sparse_p(q, kv_cache, indices, topk_length, attn_sink; softmax_scale)
   q as mla_decode_p's, kv_cache (P, page, 576) q's dtype or (P, page, 656) uint8, indices
   (b, s_q, topk) int32 flat slots page_id * page_size + row (-1: none), topk_length (0,) [absent]
   or (b,) int32, attn_sink (0,) [absent], (h_q,) or (b, h_q) [per request, from vmap] float32.
-  CPU only for now.
 
 kv_cache_update_p(kv_cache, new_latent, block_table, positions) -> kv_cache updated
   update_kv_cache's write (_paged_write.write, plain jax). It is a primitive only so that its

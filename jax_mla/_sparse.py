@@ -1,5 +1,6 @@
 """Public entry point mla_decode_sparse (DeepSeek-V3.2 sparse attention decode) and its
-Explicit-axes sharding plan. CPU only for now: lowering for CUDA raises a ValueError."""
+Explicit-axes sharding plan. CPU: its own kernel; CUDA: the portable decode kernel over a view of
+the cache as one-token pages (docs/design.md, "Sparse decode")."""
 
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ def mla_decode_sparse(q, kv_cache, indices, *, topk_length=None, softmax_scale=N
       indices: (b, s_q, topk) int32: flat token slots page_id * page_size + row. -1 = no token
         (skipped). Query token t of request r attends to kv_cache rows indices[r, t, :n]; a slot
         listed twice counts twice (as a gather would). Any other index outside
-        [0, num_pages * page_size) is an error: a ValueError at call time for concrete inputs,
-        and under jit the CPU kernel fails the computation (naming request, token and position).
-        Slots not selected are never read (NaN there cannot reach the result).
+        [0, num_pages * page_size) is an error: a ValueError at call time for concrete inputs;
+        under jit the CPU kernel fails the computation (naming request, token and position) and
+        a GPU writes NaN into out and lse of that query token (all its heads), never reading
+        out of bounds. Slots not selected are never read (NaN there cannot reach the result).
       topk_length: optional (b,) int32: only the first topk_length[r] indices of request r count,
         for all of its s_q tokens. Concrete values outside [0, topk] are a ValueError; traced ones
         are clamped to [0, topk] by the kernel.
@@ -45,6 +47,9 @@ def mla_decode_sparse(q, kv_cache, indices, *, topk_length=None, softmax_scale=N
       out (b, s_q, h_q, 512) in q's dtype, and with return_lse lse (b, s_q, h_q) float32 (natural
       log-sum-exp of the scaled scores of the counted slots). A row with no valid index gets out = 0
       and lse = -inf.
+
+    On CUDA any page size works; b * s_q <= MAX_GPU_BATCH (16384); an FP8 cache needs the
+    portable kernel to read it (jax_mla._ext.FP8_KERNELS).
 
     jit, vmap and jax.export work as for mla_decode; there is no gradient (use
     jax_mla.reference.mla_decode_sparse_reference). Sharding over Explicit mesh axes: q and indices

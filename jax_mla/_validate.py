@@ -38,6 +38,7 @@ BLOCK_N = LIMITS["BLOCK_N"]  # KV tokens per scheduling block
 DEFAULT_INVARIANT_CHUNK = LIMITS["DEFAULT_INVARIANT_CHUNK"]  # batch_invariant's chunk (tokens)
 MAX_INVARIANT_CHUNK = LIMITS["MAX_INVARIANT_CHUNK"]
 _INT32_MAX = LIMITS["INT32_MAX"]
+MAX_GPU_BATCH = LIMITS["MAX_GPU_BATCH"]  # requests a GPU call plans in the op (sparse: b * s_q)
 # The FP8 cache row (cuda/common/config.h; jax_mla._fp8 packs it): a uint8 kv_cache's last dimension,
 # the latent values per float32 scale, and where the scales and the bfloat16 RoPE values start.
 FP8_ROW_BYTES = LIMITS["FP8_ROW_BYTES"]
@@ -655,9 +656,27 @@ def check_sparse_operands(q: Any, kv_cache: Any, indices: Any, topk_length: Any 
     return SparseDims(b, s_q, h_q, num_pages, page_size, idx_shape[2], fp8)
 
 
+def check_gpu_sparse(dims: SparseDims, where: str = "mla_decode_sparse") -> None:
+    """What the CUDA path of mla_decode_sparse needs (checked when lowering for CUDA; the handler
+    checks it again): each of the b * s_q query tokens is one request of the device scheduler, and
+    an FP8 cache only while the portable kernel, which runs every sparse call, reads it. Any page
+    size works: the GPU sees the cache as pages of one token."""
+    queries = dims.batch * dims.seq_q
+    if queries > MAX_GPU_BATCH:
+        raise ValueError(
+            f"{where}: on CUDA, b * s_q = {dims.batch} * {dims.seq_q} = {queries} query tokens exceed "
+            f"the limit of {MAX_GPU_BATCH} (each is one request of the device scheduler); split the call")
+    if dims.kv_fp8 and "portable" not in FP8_KERNELS:
+        raise ValueError(
+            f"{where}: on CUDA, the portable kernel (which runs every sparse call) does not read an FP8 "
+            f"kv_cache (uint8 rows of {FP8_ROW_BYTES} bytes) yet; run the call on the CPU, or unpack the "
+            f"cache with unpack_fp8_kv")
+
+
 def check_concrete_sparse(indices: Any, topk_length: Any, dims: SparseDims,
                           where: str = "mla_decode_sparse") -> None:
-    """Value checks at call time on concrete inputs (under jit the CPU kernel reports a bad index):
+    """Value checks at call time on concrete inputs (under jit the CPU kernel reports a bad index,
+    the GPU makes that query token's output NaN):
     topk_length[r] in [0, topk]; every counted index -1 or a slot in [0, num_pages * page_size)."""
     counts = None
     if topk_length is not None:

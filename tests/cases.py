@@ -11,6 +11,9 @@ kernel must never read is poisoned:
 make_fp8(case) builds the same kind of problem over an FP8 cache (uint8 rows of 656 bytes,
 jax_mla.pack_fp8_kv): its dense truth is unpack_fp8_kv of the packed rows, and its unused memory
 is poisoned byte-wise (NaN e4m3 values, NaN / inf scales, NaN RoPE values).
+
+make_sparse / sparse_brute_force: the same for mla_decode_sparse (random index lists into a cache
+whose unselected pages are poisoned, and float64 on the gathered rows).
 """
 
 from __future__ import annotations
@@ -323,6 +326,67 @@ def edge_cases(page_sizes=(1, 16, 64, 128)) -> list[Case]:
         Case(lens=(77, 64), h_q=16, rank4_cache=True, seed=7108),
     ]
     return cases
+
+
+# ----------------------------------------------------------------------------------------------
+# Sparse decode (mla_decode_sparse): random index lists and float64 on the gathered rows
+# ----------------------------------------------------------------------------------------------
+
+
+def make_sparse(seed, *, b=2, s_q=1, h_q=16, topk=7, page_size=16, num_pages=12, dtype="bfloat16", fp8=False,
+                p_invalid=0.2, dup=True, scale_q=1.0):
+    """Random problem: q (b, s_q, h_q, 576), kv_cache (num_pages, page_size, 576 | 656 uint8) whose
+    unselected pages are poisoned, indices (b, s_q, topk) int32 (-1 with probability p_invalid, the
+    last one of each token a duplicate of its first with dup), and the float64 cache rows
+    (num_pages * page_size, 576) the reference reads (unpack_fp8_kv of an FP8 cache)."""
+    rng = np.random.default_rng(seed)
+    slots = num_pages * page_size
+    # Select from the first half of the pages only; poison the others.
+    live = (num_pages + 1) // 2 * page_size
+    idx = rng.integers(0, live, size=(b, s_q, topk)).astype(np.int32)
+    if dup and topk > 1:
+        idx[..., -1] = idx[..., 0]  # a slot listed twice counts twice
+    idx[rng.random(idx.shape) < p_invalid] = -1
+    q = (rng.standard_normal((b, s_q, h_q, HEAD_DIM_QK)) * scale_q).astype(DTYPES[dtype])
+    if fp8:
+        rows = _fp8_rows(rng, slots)
+        packed = np.array(pack_fp8_kv(jnp.asarray(rows)))
+        packed[live:] = fp8_poison_rows(rng, slots - live)
+        kv = packed.reshape(num_pages, page_size, FP8_ROW_BYTES)
+        rows64 = np.asarray(unpack_fp8_kv(jnp.asarray(packed), jnp.float32), np.float64)
+    else:
+        rows = rng.standard_normal((slots, HEAD_DIM_QK)).astype(DTYPES[dtype])
+        rows[live:] = np.nan
+        kv = rows.reshape(num_pages, page_size, HEAD_DIM_QK)
+        rows64 = np.asarray(rows, np.float64)
+    return q, kv, idx, rows64
+
+
+def sparse_brute_force(q, rows64, idx, topk_length=None, scale=HEAD_DIM_QK ** -0.5, sink=None):
+    """float64 softmax over each token's counted, valid indices (duplicates included): (out, lse).
+    sink: (h_q,) attention sink logits or None."""
+    q = np.asarray(q, np.float64)
+    b, s_q, h_q, _ = q.shape
+    out = np.zeros((b, s_q, h_q, HEAD_DIM_V))
+    lse = np.full((b, s_q, h_q), -np.inf)
+    for r in range(b):
+        n = idx.shape[-1] if topk_length is None else min(max(int(topk_length[r]), 0), idx.shape[-1])
+        for t in range(s_q):
+            sel = idx[r, t, :n]
+            sel = sel[sel != -1]
+            if sel.size == 0:
+                continue
+            k = rows64[sel]                                   # (n, 576)
+            s = q[r, t] @ k.T * scale                         # (h_q, n)
+            m = s.max(-1, keepdims=True)
+            p = np.exp(s - m)
+            den = p.sum(-1)
+            out[r, t] = (p @ k[:, :HEAD_DIM_V]) / den[:, None]
+            lse[r, t] = m[:, 0] + np.log(den)
+            if sink is not None:
+                with np.errstate(over="ignore"):
+                    out[r, t] *= 1.0 / (1.0 + np.exp(np.asarray(sink, np.float64) - lse[r, t]))[:, None]
+    return out, lse
 
 
 # ----------------------------------------------------------------------------------------------

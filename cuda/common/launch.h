@@ -31,9 +31,6 @@ inline cudaLaunchConfig_t pdl_launch_config(dim3 grid, dim3 block, size_t smem, 
   return cfg;
 }
 
-// Largest batch the one-CTA device scheduler plans (its prefix sums live in shared memory).
-inline constexpr int kMaxScheduleBatch = 16384;
-
 // One-time per-device setup (opt-in shared memory); call outside the execute path.
 cudaError_t setup_schedule_kernel();
 

@@ -77,6 +77,16 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// The inverse of pack2: two 16-bit elements of one 32-bit word (low half first) as floats (exact).
+template <typename Element>
+__device__ __forceinline__ float2 unpack2(uint32_t w) {
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&w));
+  }
+}
+
 // One float rounded to the 16-bit element type.
 template <typename Element>
 __device__ __forceinline__ Element to_element(float x) {

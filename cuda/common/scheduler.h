@@ -119,6 +119,10 @@ enum CombineField : int {
 // Part of the schedule format (the list is ordered by it), so host and device agree on it.
 inline constexpr int kManySplits = 8;
 
+// Largest batch the one-CTA device scheduler (scheduler.cu) plans: its prefix sums live in shared
+// memory. A GPU call that plans in the op has at most this many requests.
+inline constexpr int kMaxScheduleBatch = 16384;
+
 MLA_HOST_DEVICE int64_t split_offsets_begin(int64_t num_parts) { return num_parts * kPartFields; }
 MLA_HOST_DEVICE int64_t combine_begin(int64_t batch, int64_t num_parts) {
   return split_offsets_begin(num_parts) + batch + 1;

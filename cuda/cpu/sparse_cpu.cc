@@ -92,10 +92,7 @@ class SparseCpu {
       const float lse = empty ? -INFINITY : s.row_max[i] + std::log(s.row_sum[i]);
       float scale = empty ? 0.f : 1.f / s.row_sum[i];
       if (!empty && p_.attn_sink != nullptr) {
-        // exp(lse) / (exp(lse) + exp(sink)) = 1 / (1 + exp(sink - lse)): 1 for a -inf sink, 0 for
-        // a sink far above lse, NaN (as the data) when lse is NaN.
-        const float sink = p_.attn_sink[p_.sink_per_request ? static_cast<int64_t>(r) * p_.heads_q + h : h];
-        scale /= 1.f + std::exp(sink - lse);
+        scale /= attn_sink_divisor(p_.attn_sink[sink_index(p_.sink_per_request, p_.heads_q, r, h)], lse);
       }
       cpu::store_row(p_.dtype, &s.acc[static_cast<int64_t>(i) * kHeadDimV], scale, kHeadDimV,
                      out + out_row * kHeadDimV);

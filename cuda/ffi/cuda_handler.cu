@@ -4,9 +4,10 @@
 // Graph (XLA command buffer) compatibility: the execute stages allocate nothing (the split-KV
 // scratch and the in-op schedule live in the `workspace` result XLA allocates), never synchronise
 // the stream (the decode only asks whether the stream is capturing, which capture permits, to count
-// it: runtime/call_stats.h), and read device state the initialize stage set up. Both targets share
-// the initialize stage (runtime/device.h init_current_device: properties, kernel setup, the
-// self-check), which allocates and synchronises on its own stream.
+// it: runtime/call_stats.h), and read device state the initialize stage set up. Every CUDA target
+// (jax_mla_decode_sparse's too, cuda_sparse_handler.cu) shares the initialize stage
+// (runtime/device.h init_current_device: properties, kernel setup, the self-check), which
+// allocates and synchronises on its own stream.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include "common/launch.h"
 #include "common/problem.h"
 #include "common/workspace.h"
+#include "ffi/cuda_errors.h"
 #include "ffi/decode_args.h"
 #include "ffi/handlers.h"
 #include "runtime/call_stats.h"
@@ -28,16 +30,7 @@ namespace jax_mla {
 namespace {
 
 using ffi_args::invalid_argument;
-
-ffi::Error to_ffi(const Status& s) {
-  switch (s.code) {
-    case Status::Code::kOk: return ffi::Error::Success();
-    case Status::Code::kInvalidArgument: return ffi::Error(ffi::ErrorCode::kInvalidArgument, s.message);
-    case Status::Code::kUnimplemented: return ffi::Error(ffi::ErrorCode::kUnimplemented, s.message);
-    case Status::Code::kInternal: break;
-  }
-  return ffi::Error(ffi::ErrorCode::kInternal, s.message);
-}
+using ffi_args::to_ffi;
 
 // Checks that only the GPU kernels impose (the CPU kernel takes any page size).
 ffi::Error check_gpu_limits(const ffi_args::DecodeShape& d, int64_t workspace_bytes) {
@@ -63,21 +56,7 @@ ffi::Error check_gpu_limits(const ffi_args::DecodeShape& d, int64_t workspace_by
   return ffi::Error::Success();
 }
 
-// The split-KV scratch of DecodeProblem, carved out of the workspace result (common/workspace.h).
-struct WorkspaceScratch {
-  int* merge_counters;        // (b, row blocks) the SM90 in-kernel merge's counters
-  int32_t* schedule_scratch;  // where the in-op schedule goes
-};
-WorkspaceScratch attach_workspace(DecodeProblem& p, void* workspace) {
-  uint8_t* ws = static_cast<uint8_t*>(workspace);
-  const WorkspaceLayout layout = workspace_layout(p.batch, p.rows, p.num_parts, p.chunks.max_chunks);
-  p.partial_lse = reinterpret_cast<float*>(ws + layout.partial_lse_offset);
-  p.partial_out = reinterpret_cast<float*>(ws + layout.partial_out_offset);
-  return {reinterpret_cast<int*>(ws + layout.merge_counters_offset),
-          reinterpret_cast<int32_t*>(ws + layout.schedule_offset)};
-}
-
-// Initialize stage of both targets: once per device.
+// Initialize stage of every CUDA target (also jax_mla_decode_sparse's): once per device.
 ffi::Error InitializeImpl() { return to_ffi(init_current_device()); }
 
 ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer kv_cache, ffi::AnyBuffer block_table,
@@ -109,10 +88,7 @@ ffi::Error DecodeExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   const WorkspaceScratch scratch = attach_workspace(p, workspace->untyped_data());
   const LaunchStatus st = launch_decode_kernel(sel.kernel, p, device->sm_count, scratch.merge_counters,
                                                scratch.schedule_scratch, stream);
-  if (!st.ok()) {
-    if (st.error != cudaSuccess) return to_ffi(cuda_status(st.what, st.error));
-    return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_mla_decode: ") + st.what);
-  }
+  if (!st.ok()) return ffi_args::launch_error("jax_mla_decode", st);
   if (st.fused_merge) count_fused_merge_launch();
   return ffi::Error::Success();
 }

@@ -7,13 +7,14 @@
 // CPU platform: single-stage handlers.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MlaDecodeCpu);          // target jax_mla_decode
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MlaDecodeScheduleCpu);  // target jax_mla_decode_schedule
-XLA_FFI_DECLARE_HANDLER_SYMBOL(MlaDecodeSparseCpu);    // target jax_mla_decode_sparse (cpu_sparse_handler.cc; no CUDA handler yet)
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MlaDecodeSparseCpu);    // target jax_mla_decode_sparse (cpu_sparse_handler.cc)
 
 #ifdef JAX_MLA_WITH_CUDA
-// CUDA platform. Both targets share an initialize stage that sets the device up once
+// CUDA platform. All targets share an initialize stage that sets the device up once
 // (runtime/device.h), so the execute stages only launch work, which keeps them CUDA-graph (XLA
 // command buffer) compatible.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MlaDecodeCudaInitialize);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MlaDecodeCudaExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MlaDecodeScheduleCudaExecute);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MlaDecodeSparseCudaExecute);  // cuda_sparse_handler.cu
 #endif

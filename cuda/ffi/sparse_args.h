@@ -1,12 +1,12 @@
 // Static checks of the jax_mla_decode_sparse buffers and attributes, and the SparseProblem a
-// valid call describes. Header-only so that a future CUDA handler reports the same messages.
+// valid call describes. Header-only so that the CPU and the CUDA handler report the same messages.
 // Buffer order: docs/design.md ("Sparse decode").
 #pragma once
 
 #include <cstdint>
 
 #include "common/config.h"
-#include "cpu/sparse_cpu.h"
+#include "common/sparse_problem.h"
 #include "ffi/decode_args.h"
 #include "runtime/limits.h"
 #include "xla/ffi/api/ffi.h"

@@ -16,7 +16,9 @@ cudaError_t setup_decode();
 // Launches the decode kernel over num_parts * ceil(p.rows / 32) CTAs in plain stream order (no
 // programmatic dependent launch: the same code runs from PTX on GPUs without it). p.schedule must
 // be set and p.kv_format be kFormat; the combine kernel runs after it (launch_combine with
-// programmatic = false).
+// programmatic = false). p.page_size may be any power of two, 1 included: the loader looks a page
+// up per token (producer.cuh), so it never assumes the [16, 256] of the TMA kernels; the sparse
+// path runs on pages of one token (runtime/sparse_launch.h).
 template <typename Element, KvFormat kFormat = KvFormat::kDense>
 cudaError_t launch_decode(const DecodeProblem& p, cudaStream_t stream);
 

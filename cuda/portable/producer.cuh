@@ -40,7 +40,7 @@ struct KvLoader {
   static constexpr bool kFp8 = kFormat == KvFormat::kFp8;
   const DecodeProblem* p;
   PartWork work;        // the CTA's part
-  int log2_page;
+  int log2_page;        // page_size is a power of two, 1 included (launch.h)
   int row;              // this thread's token within a sub-tile
   uint32_t dst0;        // shared address of (stage 0, box 0, row, swizzled chunk)
   int chunk_elems;      // column offset of this thread's chunk inside a box

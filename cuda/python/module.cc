@@ -35,15 +35,16 @@ nb::dict registrations() {
   nb::dict cpu;
   cpu["jax_mla_decode"] = handler_capsule(MlaDecodeCpu);
   cpu["jax_mla_decode_schedule"] = handler_capsule(MlaDecodeScheduleCpu);
-  cpu["jax_mla_decode_sparse"] = handler_capsule(MlaDecodeSparseCpu);  // CPU only for now
+  cpu["jax_mla_decode_sparse"] = handler_capsule(MlaDecodeSparseCpu);
   nb::dict platforms;
   platforms["cpu"] = cpu;
 #ifdef JAX_MLA_WITH_CUDA
-  // Both targets share the initialize stage: it sets the device up once (runtime/device.h), so
+  // The targets share the initialize stage: it sets the device up once (runtime/device.h), so
   // the execute stages only launch work.
   nb::dict cuda;
   for (auto [target, execute] : {std::pair<const char*, XLA_FFI_Handler*>{"jax_mla_decode", MlaDecodeCudaExecute},
-                                 {"jax_mla_decode_schedule", MlaDecodeScheduleCudaExecute}}) {
+                                 {"jax_mla_decode_schedule", MlaDecodeScheduleCudaExecute},
+                                 {"jax_mla_decode_sparse", MlaDecodeSparseCudaExecute}}) {
     nb::dict stages;
     stages["initialize"] = handler_capsule(MlaDecodeCudaInitialize);
     stages["execute"] = handler_capsule(execute);
@@ -82,6 +83,14 @@ int64_t workspace_bytes(int64_t batch, int64_t rows, int64_t num_parts, int64_t 
   if (rows < 1) throw nb::value_error("rows must be >= 1");
   if (max_chunks < 0) throw nb::value_error("max_chunks must be >= 0");
   return jax_mla::workspace_layout(batch, rows, num_parts, max_chunks).total_bytes;
+}
+
+int64_t sparse_workspace_bytes(int64_t queries, int64_t heads_q, int64_t topk, int64_t num_parts) {
+  if (queries < 0) throw nb::value_error("queries must be >= 0");
+  if (heads_q < 1) throw nb::value_error("heads_q must be >= 1");
+  if (topk < 1) throw nb::value_error("topk must be >= 1");
+  if (num_parts < 1) throw nb::value_error("num_parts must be >= 1");
+  return jax_mla::sparse_workspace_layout(queries, heads_q, topk, num_parts).total_bytes;
 }
 
 int invariant_max_chunks(int num_parts, int chunk_blocks, int64_t capacity_tokens) {
@@ -139,6 +148,9 @@ NB_MODULE(_ext, m) {
         nb::arg("max_chunks") = 0,
         "Bytes of the CUDA workspace result of jax_mla_decode (rows = s_q * h_q; max_chunks: the "
         "batch-invariant plan's most chunks per request, invariant_max_chunks, or 0).");
+  m.def("sparse_workspace_bytes", &sparse_workspace_bytes, nb::arg("queries"), nb::arg("heads_q"), nb::arg("topk"),
+        nb::arg("num_parts"),
+        "Bytes of the CUDA workspace result of jax_mla_decode_sparse (queries = b * s_q; common/workspace.h).");
   m.def("invariant_max_chunks", &invariant_max_chunks, nb::arg("num_parts"), nb::arg("chunk_blocks"),
         nb::arg("capacity_tokens"),
         "Most chunks per request of a batch-invariant plan (common/scheduler.h): num_parts, bounded by what a "

@@ -39,6 +39,7 @@ inline constexpr Limit kLimits[] = {
     {"DEFAULT_INVARIANT_CHUNK", kDefaultInvariantChunkBlocks * kBlockN},  // batch_invariant's chunk
     {"MAX_INVARIANT_CHUNK", static_cast<int64_t>(kMaxInvariantChunkBlocks) * kBlockN},  // (tokens)
     {"INT32_MAX", kIntMax},                   // dimensions, schedule sizes and token counts
+    {"MAX_GPU_BATCH", kMaxScheduleBatch},     // requests a GPU call plans in the op (sparse: b * s_q)
     {"FP8_ROW_BYTES", kFp8RowBytes},          // a uint8 (FP8) kv_cache's last dimension (common/config.h),
     {"FP8_TILE_COLS", kFp8TileCols},          //   latent values per float32 scale,
     {"FP8_SCALES_OFFSET", kFp8ScalesOffset},  //   byte offset of the scales in a row

@@ -1,5 +1,6 @@
-"""mla_decode_sparse's API: argument checks (trace time, naming the argument), the CUDA refusal,
-no gradient (the reference is differentiable), jax.export run in a fresh process."""
+"""mla_decode_sparse's API: argument checks (trace time, naming the argument), the CUDA lowering
+(no GPU needed) and its limits, no gradient (the reference is differentiable), jax.export run in a
+fresh process."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import numpy as np
 import pytest
 
 import jax_mla
-from jax_mla import _lowering
 
 pytestmark = pytest.mark.usefixtures("on_cpu")
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -63,13 +63,44 @@ def test_shape_errors_also_under_jit():
         jax.jit(jax_mla.mla_decode_sparse)(q, kv, idx[:, :1])
 
 
-def test_cuda_lowering_refuses_at_trace_time():
-    q, kv, idx = inputs()
-    with pytest.raises(ValueError, match="mla_decode_sparse: no CUDA kernel yet; run it on the CPU"):
-        jax.export.export(jax.jit(jax_mla.mla_decode_sparse), platforms=("cuda",),
-                          disabled_checks=jax_mla.export_disabled_checks())(q, kv, idx)
-    assert "CUDA" not in jax_mla._ext.registrations() or \
-        _lowering.SPARSE_TARGET not in jax_mla._ext.registrations()["CUDA"]
+def export_for_cuda(*args, **kw):
+    return jax.export.export(jax.jit(lambda *a: jax_mla.mla_decode_sparse(*a, **kw)), platforms=("cuda",),
+                             disabled_checks=jax_mla.export_disabled_checks())(*args)
+
+
+@pytest.mark.parametrize("page_size", [16, 3, 1])
+def test_cuda_lowering_is_one_custom_call_with_a_workspace(page_size):
+    """Lowering for CUDA needs no GPU: one jax_mla_decode_sparse call with the plan's num_parts and a
+    workspace result of sparse_workspace_bytes (the dense decode's over b * s_q one-token requests,
+    then the compacted block table); any page size (the GPU sees pages of one token)."""
+    q, kv, idx = inputs(page_size=page_size)
+    text = export_for_cuda(q, kv, idx, topk_length=np.array([8, 3], np.int32),
+                           attn_sink=np.zeros((16,), np.float32)).mlir_module()
+    assert text.count("@jax_mla_decode_sparse") == 1, text
+    num_parts = jax_mla._api.default_num_parts(1, 16)
+    assert f"num_parts = {num_parts} : i32" in text
+    nbytes = jax_mla._ext.sparse_workspace_bytes(2 * 2, 16, 8, num_parts)
+    assert f"tensor<{nbytes}xui8>" in text
+
+
+def test_cuda_lowering_limits():
+    S = jax.ShapeDtypeStruct
+    kv = S((4, 16, 576), jnp.bfloat16)
+    ok = (S((8192, 2, 16, 576), jnp.bfloat16), kv, S((8192, 2, 4), jnp.int32))  # b * s_q = 16384
+    assert "jax_mla_decode_sparse" in export_for_cuda(*ok).mlir_module()
+    too_many = (S((8193, 2, 16, 576), jnp.bfloat16), kv, S((8193, 2, 4), jnp.int32))
+    with pytest.raises(ValueError, match=r"mla_decode_sparse: on CUDA, b \* s_q = 8193 \* 2 = 16386 query tokens"):
+        export_for_cuda(*too_many)
+    # The CPU takes it.
+    jax.export.export(jax.jit(jax_mla.mla_decode_sparse), platforms=("cpu",),
+                      disabled_checks=jax_mla.export_disabled_checks())(*too_many)
+    # An FP8 cache on CUDA: only while the portable kernel reads it (kernel_select.h kReadsFp8Cache).
+    fp8 = (ok[0], S((4, 16, 656), jnp.uint8), ok[2])
+    if "portable" in jax_mla._validate.FP8_KERNELS:
+        assert "jax_mla_decode_sparse" in export_for_cuda(*fp8).mlir_module()
+    else:
+        with pytest.raises(ValueError, match="portable kernel .* does not read an FP8 kv_cache"):
+            export_for_cuda(*fp8)
 
 
 def test_no_gradient_but_the_reference_has_one():

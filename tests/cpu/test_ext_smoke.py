@@ -92,10 +92,10 @@ def test_registrations_format():
     if _ext.has_cuda():
         cuda = regs["CUDA"]
         # Multi-stage handlers: the shared initialize stage caches device properties.
-        for target in ("jax_mla_decode", "jax_mla_decode_schedule"):
+        assert set(cuda) == {"jax_mla_decode", "jax_mla_decode_schedule", "jax_mla_decode_sparse"}
+        for target in cuda:
             assert set(cuda[target]) == {"initialize", "execute"}
             assert all(type(c) is capsule_type for c in cuda[target].values())
-        assert "jax_mla_decode_sparse" not in cuda  # no CUDA kernel yet: the lowering refuses
     else:
         assert set(regs) == {"cpu"}
 
@@ -114,6 +114,15 @@ def test_sizes():
     lse_offset = -(-_ext.testing.schedule_size(2, parts) * 4 // 256) * 256
     out_offset = lse_offset + -(-(2 + parts) * rows * 4 // 256) * 256
     assert _ext.workspace_bytes(2, rows, parts) == out_offset + (2 + parts) * rows * 512 * 4 + 2 * 3 * 4
+    # The sparse call's (common/workspace.h): the dense decode's over queries = b * s_q requests of
+    # h_q rows, then the compacted block table (queries, topk) and lengths (queries), int32, each
+    # 256-byte aligned.
+    queries, h_q, topk = 6, 33, 100
+    table_offset = -(-_ext.workspace_bytes(queries, h_q, parts) // 256) * 256
+    lengths_offset = -(-(table_offset + queries * topk * 4) // 256) * 256
+    assert _ext.sparse_workspace_bytes(queries, h_q, topk, parts) == lengths_offset + queries * 4
+    with pytest.raises(ValueError):
+        _ext.sparse_workspace_bytes(queries, h_q, 0, parts)
     with pytest.raises(ValueError):
         _ext.testing.schedule_size(3, 0)
     with pytest.raises(ValueError):

@@ -1,4 +1,5 @@
-"""mla_decode_sparse on the CPU kernel against a float64 NumPy reference on the gathered rows.
+"""mla_decode_sparse on the CPU kernel against a float64 NumPy reference on the gathered rows
+(cases.make_sparse, cases.sparse_brute_force; tests/gpu/test_gpu_sparse.py uses them too).
 
 Every case draws fresh random data. Pages no index selects are poisoned (NaN for a 16-bit cache,
 fp8_poison_rows / 0xFF bytes for an FP8 one), so a kernel reading an unselected slot fails
@@ -20,68 +21,14 @@ import jax_mla
 
 pytestmark = pytest.mark.usefixtures("on_cpu")
 
-DT = {"bfloat16": jnp.bfloat16, "float16": np.float16}
-
-
-def make(seed, *, b=2, s_q=1, h_q=16, topk=7, page_size=16, num_pages=12, dtype="bfloat16", fp8=False,
-         p_invalid=0.2, dup=True, scale_q=1.0):
-    """Random problem: q, kv_cache (unselected pages poisoned), indices, and the float64 cache rows."""
-    rng = np.random.default_rng(seed)
-    slots = num_pages * page_size
-    # Select from the first half of the pages only; poison the others.
-    live = (num_pages + 1) // 2 * page_size
-    idx = rng.integers(0, live, size=(b, s_q, topk)).astype(np.int32)
-    if dup and topk > 1:
-        idx[..., -1] = idx[..., 0]  # a slot listed twice counts twice
-    idx[rng.random(idx.shape) < p_invalid] = -1
-    q = (rng.standard_normal((b, s_q, h_q, 576)) * scale_q).astype(DT[dtype])
-    if fp8:
-        rows = cases._fp8_rows(rng, slots)
-        packed = np.array(jax_mla.pack_fp8_kv(jnp.asarray(rows)))
-        packed[live:] = cases.fp8_poison_rows(rng, slots - live)
-        kv = packed.reshape(num_pages, page_size, 656)
-        rows64 = np.asarray(jax_mla.unpack_fp8_kv(jnp.asarray(packed), jnp.float32), np.float64)
-    else:
-        rows = rng.standard_normal((slots, 576)).astype(DT[dtype])
-        rows[live:] = np.nan
-        kv = rows.reshape(num_pages, page_size, 576)
-        rows64 = np.asarray(rows, np.float64)
-    return q, kv, idx, rows64
-
-
-def np_reference(q, rows64, idx, topk_length=None, scale=576 ** -0.5, sink=None):
-    """float64 softmax over each token's counted, valid indices (duplicates included)."""
-    q = np.asarray(q, np.float64)
-    b, s_q, h_q, _ = q.shape
-    out = np.zeros((b, s_q, h_q, 512))
-    lse = np.full((b, s_q, h_q), -np.inf)
-    for r in range(b):
-        n = idx.shape[-1] if topk_length is None else min(max(int(topk_length[r]), 0), idx.shape[-1])
-        for t in range(s_q):
-            sel = idx[r, t, :n]
-            sel = sel[sel != -1]
-            if sel.size == 0:
-                continue
-            k = rows64[sel]                                   # (n, 576)
-            s = q[r, t] @ k.T * scale                         # (h_q, n)
-            m = s.max(-1, keepdims=True)
-            p = np.exp(s - m)
-            den = p.sum(-1)
-            out[r, t] = (p @ k[:, :512]) / den[:, None]
-            lse[r, t] = m[:, 0] + np.log(den)
-            if sink is not None:
-                with np.errstate(over="ignore"):
-                    out[r, t] *= 1.0 / (1.0 + np.exp(np.asarray(sink, np.float64) - lse[r, t]))[:, None]
-    return out, lse
-
-
 def check(q, kv, idx, rows64, dtype, topk_length=None, sink=None, scale=None, jit=False):
     kw = dict(topk_length=topk_length, attn_sink=sink, softmax_scale=scale, return_lse=True)
     fn = jax.jit(lambda *a: jax_mla.mla_decode_sparse(*a, **kw)) if jit else (
         lambda *a: jax_mla.mla_decode_sparse(*a, **kw))
     out, lse = fn(q, kv, idx)
     assert out.dtype == q.dtype and out.shape == q.shape[:3] + (512,) and lse.dtype == np.float32
-    ref_out, ref_lse = np_reference(q, rows64, idx, topk_length, 576 ** -0.5 if scale is None else scale, sink)
+    ref_out, ref_lse = cases.sparse_brute_force(q, rows64, idx, topk_length, 576 ** -0.5 if scale is None else scale,
+                                                sink)
     score_mag = float(np.abs(ref_lse[np.isfinite(ref_lse)]).max(initial=1.0)) * 4
     value_mag = float(np.nanmax(np.abs(rows64[np.isfinite(rows64).all(1)])))
     cases.assert_close_rounding_only(out, lse, ref_out, ref_lse, dtype, score_mag, value_mag=value_mag)
@@ -100,14 +47,14 @@ def test_random(dtype, fp8, page_size):
     for i, (s_q, h_q, topk) in enumerate([(1, 16, 7), (2, 64, 64), (4, 128, 1), (3, 16, 2048)]):
         seed = zlib.crc32(repr((dtype, fp8, page_size, i)).encode())
         num_pages = max(4, -(-2 * topk // page_size) + 2)
-        data = make(seed, s_q=s_q, h_q=h_q, topk=topk, page_size=page_size, num_pages=num_pages,
+        data = cases.make_sparse(seed, s_q=s_q, h_q=h_q, topk=topk, page_size=page_size, num_pages=num_pages,
                     dtype=dtype, fp8=fp8, b=2 if h_q < 128 else 1)
         check(*data, dtype)
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16cache", "fp8cache"])
 def test_adversarial_indices(fp8):
-    q, kv, idx, rows64 = make(1, b=3, s_q=2, topk=64, fp8=fp8)
+    q, kv, idx, rows64 = cases.make_sparse(1, b=3, s_q=2, topk=64, fp8=fp8)
     idx[0] = -1                         # request 0: no valid index at all -> out 0, lse -inf
     idx[1, 0, :] = 5                    # every index the same slot (64 duplicates)
     idx[1, 1, ::2] = -1                 # half skipped
@@ -120,7 +67,7 @@ def test_adversarial_indices(fp8):
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16cache", "fp8cache"])
 def test_topk_length(fp8):
-    q, kv, idx, rows64 = make(2, b=4, s_q=3, topk=64, fp8=fp8, p_invalid=0.1)
+    q, kv, idx, rows64 = cases.make_sparse(2, b=4, s_q=3, topk=64, fp8=fp8, p_invalid=0.1)
     # Past topk_length the indices may be anything, out-of-range and into poisoned pages included.
     tl = np.array([0, 17, 64, 1], np.int32)
     for r, n in enumerate(tl):
@@ -131,16 +78,16 @@ def test_topk_length(fp8):
 
 
 def test_topk_length_traced_is_clamped():
-    q, kv, idx, rows64 = make(3, b=2, topk=8, p_invalid=0.0)
+    q, kv, idx, rows64 = cases.make_sparse(3, b=2, topk=8, p_invalid=0.0)
     f = jax.jit(lambda tl: jax_mla.mla_decode_sparse(q, kv, idx, topk_length=tl, return_lse=True))
     out, lse = f(jnp.array([-5, 99], jnp.int32))
-    ref_out, ref_lse = np_reference(q, rows64, idx, np.array([0, 8]))
+    ref_out, ref_lse = cases.sparse_brute_force(q, rows64, idx, np.array([0, 8]))
     cases.assert_close_rounding_only(out, lse, ref_out, ref_lse, "bfloat16", 10.0)
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16cache", "fp8cache"])
 def test_sinks(fp8):
-    q, kv, idx, rows64 = make(4, b=2, s_q=2, h_q=16, topk=64, fp8=fp8)
+    q, kv, idx, rows64 = cases.make_sparse(4, b=2, s_q=2, h_q=16, topk=64, fp8=fp8)
     idx[1, 1] = -1  # an empty row stays 0 / -inf with a sink
     rng = np.random.default_rng(5)
     sink = rng.standard_normal(16).astype(np.float32) * 3
@@ -154,14 +101,14 @@ def test_sinks(fp8):
 
 
 def test_softmax_scale_and_fp16():
-    data = make(6, s_q=2, h_q=64, topk=64, dtype="float16")
+    data = cases.make_sparse(6, s_q=2, h_q=64, topk=64, dtype="float16")
     check(*data, "float16", scale=0.01)
     check(*data, "float16", scale=0.3, jit=True)
 
 
 @pytest.mark.parametrize("jit", [False, True])
 def test_out_of_range_index_is_an_error(jit):
-    q, kv, idx, _ = make(7, b=2, s_q=2, topk=7)
+    q, kv, idx, _ = cases.make_sparse(7, b=2, s_q=2, topk=7)
     bad = idx.copy()
     bad[1, 1, 3] = 12 * 16  # == num_pages * page_size: one past the last slot
     if not jit:
@@ -180,12 +127,12 @@ def test_out_of_range_index_is_an_error(jit):
 
 
 def test_rank4_cache_and_vmap():
-    q, kv, idx, rows64 = make(8, b=2, s_q=2, topk=16)
+    q, kv, idx, rows64 = cases.make_sparse(8, b=2, s_q=2, topk=16)
     out = jax_mla.mla_decode_sparse(q, kv[:, :, None, :], idx)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(jax_mla.mla_decode_sparse(q, kv, idx)))
     # vmap over q, cache, indices, topk_length and sinks (per-instance caches: indices shifted).
     V = 3
-    datas = [make(20 + v, b=2, s_q=2, topk=16, fp8=True) for v in range(V)]
+    datas = [cases.make_sparse(20 + v, b=2, s_q=2, topk=16, fp8=True) for v in range(V)]
     qs, kvs, idxs = (np.stack([d[i] for d in datas]) for i in range(3))
     tls = np.array([[16, 5], [0, 16], [9, 9]], np.int32)
     sinks = np.random.default_rng(9).standard_normal((V, 16)).astype(np.float32)
@@ -193,7 +140,7 @@ def test_rank4_cache_and_vmap():
                                                                    return_lse=True))
     out, lse = f(qs, kvs, idxs, tls, sinks)
     for v in range(V):
-        ref_out, ref_lse = np_reference(qs[v], datas[v][3], idxs[v], tls[v], sink=sinks[v])
+        ref_out, ref_lse = cases.sparse_brute_force(qs[v], datas[v][3], idxs[v], tls[v], sink=sinks[v])
         cases.assert_close_rounding_only(out[v], lse[v], ref_out, ref_lse, "bfloat16", 10.0, 20.0)
     # An out-of-range index of one instance still fails under vmap (never reads another's cache).
     bad = idxs.copy()
@@ -203,5 +150,31 @@ def test_rank4_cache_and_vmap():
     # vmap with a shared cache (not batched): indices unchanged.
     out2 = jax.vmap(lambda q, i: jax_mla.mla_decode_sparse(q, kvs[0], i))(qs, idxs)
     for v in range(V):
-        ref_out, ref_lse = np_reference(qs[v], datas[0][3], idxs[v])
+        ref_out, ref_lse = cases.sparse_brute_force(qs[v], datas[0][3], idxs[v])
         cases.assert_close_rounding_only(out2[v], ref_lse, ref_out, ref_lse, "bfloat16", 10.0, 20.0)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16cache", "fp8cache"])
+def test_one_token_page_view_is_the_dense_decode(fp8):
+    """The GPU path's view (cuda/runtime/sparse_launch.h), checked with the CPU kernels: one request
+    per query token, the cache as pages of one token, each request's block table its counted
+    indices without -1 (in order) and seq_len their count. mla_decode over that view is
+    mla_decode_sparse."""
+    b, s_q, h_q, topk = 3, 2, 16, 200
+    q, kv, idx, rows64 = cases.make_sparse(11, b=b, s_q=s_q, h_q=h_q, topk=topk, page_size=5, num_pages=80, fp8=fp8)
+    tl = np.array([topk, 0, 77], np.int32)
+    want_out, want_lse = jax_mla.mla_decode_sparse(q, kv, idx, topk_length=tl, return_lse=True)
+    table = np.zeros((b * s_q, topk), np.int32)  # the compaction kernel's result (common/sparse_table.cu)
+    lens = np.zeros(b * s_q, np.int32)
+    for r in range(b):
+        for t in range(s_q):
+            kept = idx[r, t, :tl[r]][idx[r, t, :tl[r]] != -1]
+            table[r * s_q + t, :kept.size] = kept
+            lens[r * s_q + t] = kept.size
+    slots = kv.shape[0] * kv.shape[1]
+    out, lse = jax_mla.mla_decode(q.reshape(b * s_q, 1, h_q, 576), kv.reshape(slots, 1, kv.shape[-1]), table, lens,
+                                  return_lse=True)
+    ref_out, ref_lse = cases.sparse_brute_force(q, rows64, idx, tl)
+    cases.assert_close_rounding_only(np.asarray(out).reshape(want_out.shape), np.asarray(lse).reshape(want_lse.shape),
+                                     ref_out, ref_lse, "bfloat16", 10.0, 20.0)
+    cases.assert_close_rounding_only(want_out, want_lse, ref_out, ref_lse, "bfloat16", 10.0, 20.0)
