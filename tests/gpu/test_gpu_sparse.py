@@ -160,6 +160,7 @@ def test_topk_length(cache, topk):
     poisoned = slots - 1  # the last page is never selected: NaN
     # Past topk_length the indices may be anything: out of range, negative, poisoned.
     tl = np.array([0, 17, topk, 1], np.int32)
+    counted = idx.copy()  # every index valid or -1, for the clamped lengths below
     for r, n in enumerate(tl):
         idx[r, :, n:] = np.array([10**6, poisoned, -5, INT32_MAX])[np.arange(topk - n) % 4]
     ref = cases.sparse_brute_force(q, rows64, idx, tl)
@@ -169,10 +170,11 @@ def test_topk_length(cache, topk):
     jitted = run_gpu(q, kv, idx, topk_length=tl, jit=True)
     for x, y in zip(eager, jitted):
         np.testing.assert_array_equal(x.view(np.uint8), y.view(np.uint8))
-    # Traced values outside [0, topk] are clamped.
+    # Traced values outside [0, topk] are clamped (over indices that are all valid or -1: a clamp
+    # to topk counts every index of its token).
     wild = np.array([-5, 17, topk + 99, INT32_MAX], np.int32)
-    check(q, *run_gpu(q, kv, idx, topk_length=wild, jit=True),
-          cases.sparse_brute_force(q, rows64, idx, np.clip(wild, 0, topk)))
+    check(q, *run_gpu(q, kv, counted, topk_length=wild, jit=True),
+          cases.sparse_brute_force(q, rows64, counted, np.clip(wild, 0, topk)))
 
 
 # Out-of-range indices besides num_pages * page_size (+ 5): negative ones other than -1, and huge.
