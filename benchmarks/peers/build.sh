@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
-# Builds the benchmark's two peers from the sources export_sources.sh put in .peers/src/:
-#   .peers/lib/flashmla_dense.so   FlashMLA's SM90 dense decode, its scheduler and combine kernels
+# Builds the benchmarks' peers from the sources export_sources.sh put in .peers/src/:
+#   .peers/lib/flashmla_dense.so   (dense)  FlashMLA's SM90 dense decode, its scheduler and combine kernels
 #                                  (a Python module: flashmla_dense.dense_decode_fwd)
-#   .peers/lib/fa3_mla.so          FlashAttention-3's forward for hdim 64 / hdim_v 512 bf16 (torch
+#   .peers/lib/fa3_mla.so          (fa3)    FlashAttention-3's forward for hdim 64 / hdim_v 512 bf16 (torch
 #                                  operators torch.ops.flash_attn_3.*, loaded by torch.ops.load_library)
+#   .peers/lib/flashmla_sparse.so  (sparse) FlashMLA's SM90 sparse FP8 decode, DeepSeek-V3.2 layout, h_q 64
+#                                  and 128, with the same scheduler and combine (a Python module:
+#                                  flashmla_sparse.sparse_decode_fwd; benchmarks/bench_sparse.py)
 # with each project's own nvcc flags for sm_90a (FlashMLA's setup.py, FlashAttention's hopper/setup.py,
 # minus the kernels the benchmark does not call), against the torch it will be loaded into.
 #
 #   bash benchmarks/peers/build.sh            # torch from `python3 -c "import torch"`
+#   PEERS=sparse bash benchmarks/peers/build.sh   # only some of them (default: "dense fa3 sparse")
 #   TORCH_DIR=/path/to/site-packages/torch PYTHON_INCLUDE=/path/to/include/python3.12 \
 #     EXTRA_INCLUDE=/path/to/nvidia/cu13/include bash benchmarks/peers/build.sh    # an unpacked wheel
 #
 # The torch must be the one the benchmark runs with (FlashMLA's binding uses torch's C++ ABI):
 # 2.11.0+cu130 on the device machine. CUDA 13 keeps libcu++ under include/cccl, which the host
-# compiler needs too. JOBS (default: nproc) compiles run at once; ~20 min with 2 cores, ~2 with 16.
+# compiler needs too. JOBS (default: nproc) compiles run at once; ~20 min with 2 cores, ~2 with 16
+# (dense and fa3; sparse alone: two heavy compiles, the V3.2 kernels for h_q 64 and 128).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 SRC="$ROOT/.peers/src"; OBJ="$ROOT/.peers/obj"; LIB="$ROOT/.peers/lib"
@@ -30,6 +35,11 @@ if [ -z "${CUDA_HOME:-}" ]; then
 fi
 [ -f "$CUDA_HOME/include/cuda_fp16.h" ] || { echo "no CUDA headers under $CUDA_HOME: set CUDA_HOME" >&2; exit 1; }
 JOBS=${JOBS:-$(nproc)}
+PEERS=${PEERS:-dense fa3 sparse}
+want() { case " $PEERS " in *" $1 "*) return 0 ;; esac; return 1; }
+for p in $PEERS; do
+  case "$p" in dense|fa3|sparse) ;; *) echo "PEERS: unknown peer $p (dense, fa3, sparse)" >&2; exit 2 ;; esac
+done
 mkdir -p "$OBJ" "$LIB"
 
 # torch's CUDA headers include cuBLAS / cuSPARSE / cuSOLVER headers: from the toolkit, or from the
@@ -44,7 +54,8 @@ TORCH_NVCC=(-D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA
             -D__CUDA_NO_HALF2_OPERATORS__ --expt-relaxed-constexpr -Xcompiler -fPIC)
 SM90=(-gencode arch=compute_90a,code=sm_90a)
 
-# --- FlashMLA (setup.py's flags; FLASH_MLA_DISABLE_FP16: the benchmark is bf16) ---
+# --- FlashMLA (setup.py's flags; FLASH_MLA_DISABLE_FP16: the benchmarks are bf16; its sparse
+# decode is bf16 only) ---
 M="$SRC/flashmla/csrc"
 M_INC=(-I"$M" -I"$M/kerutils/include" -I"$M/sm90" -I"$SRC/cutlass-flashmla/include"
        -I"$SRC/cutlass-flashmla/tools/util/include")
@@ -52,9 +63,8 @@ M_NVCC=(-O3 -std=c++20 -DNDEBUG -D_USE_MATH_DEFINES -Wno-deprecated-declarations
         -U__CUDA_NO_HALF_OPERATORS__ -U__CUDA_NO_HALF_CONVERSIONS__ -U__CUDA_NO_HALF2_OPERATORS__
         -U__CUDA_NO_BFLOAT16_CONVERSIONS__ --expt-relaxed-constexpr --expt-extended-lambda --use_fast_math
         "--ptxas-options=-v,--register-usage-level=10,--warn-on-spills,--warn-on-local-memory-usage"
-        -lineinfo -DFLASH_MLA_DISABLE_FP16 -DTORCH_EXTENSION_NAME=flashmla_dense)
-M_CXX=(-O3 -std=c++20 -DNDEBUG -Wno-deprecated-declarations -DFLASH_MLA_DISABLE_FP16 -fPIC
-       -DTORCH_EXTENSION_NAME=flashmla_dense)
+        -lineinfo -DFLASH_MLA_DISABLE_FP16)
+M_CXX=(-O3 -std=c++20 -DNDEBUG -Wno-deprecated-declarations -DFLASH_MLA_DISABLE_FP16 -fPIC)
 
 # --- FlashAttention-3 (hopper/setup.py's flags and feature switches) ---
 F="$SRC/fa3/hopper"
@@ -76,18 +86,40 @@ job() {  # job OUT.o COMMAND...: one compile, its log beside the object
 m_cu() { job "$OBJ/$2.o" "$NVCC" -c "$1" -o "$OBJ/$2.o" "${SM90[@]}" "${TORCH_NVCC[@]}" "${M_NVCC[@]}" "${TORCH_DEFS[@]}" "${M_INC[@]}" "${TORCH_INC[@]}"; }
 f_cu() { job "$OBJ/$2.o" "$NVCC" -c "$1" -o "$OBJ/$2.o" "${SM90[@]}" "${TORCH_NVCC[@]}" "${F_NVCC[@]}" "${TORCH_DEFS[@]}" "${F_INC[@]}" "${TORCH_INC[@]}"; }
 
+m_cxx() { job "$OBJ/$2.o" g++ -c "$1" -o "$OBJ/$2.o" "${M_CXX[@]}" "-DTORCH_EXTENSION_NAME=$3" "${TORCH_DEFS[@]}" "${M_INC[@]}" "${TORCH_INC[@]}"; }
+
 # Heaviest first, so that the long compiles start at once.
-for v in _paged_split _split _paged "" _packgqa; do
-  f_cu "$F/instantiations/flash_fwd_hdim64_512_bf16${v}_sm90.cu" "fa3_hdim64_512${v}"
-done
-m_cu "$M/sm90/decode/dense/instantiations/bf16.cu" flashmla_bf16
-m_cu "$M/smxx/decode/combine/combine.cu" flashmla_combine
-m_cu "$M/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu" flashmla_sched
-f_cu "$F/flash_fwd_combine.cu" fa3_combine
-f_cu "$F/flash_prepare_scheduler.cu" fa3_prepare_scheduler
-job "$OBJ/flashmla_api.o" g++ -c "$HERE/flashmla_dense.cpp" -o "$OBJ/flashmla_api.o" "${M_CXX[@]}" "${TORCH_DEFS[@]}" "${M_INC[@]}" "${TORCH_INC[@]}"
-job "$OBJ/fa3_api.o" g++ -c "$F/flash_api_stable.cpp" -o "$OBJ/fa3_api.o" "${F_CXX[@]}" "${TORCH_DEFS[@]}" "${F_INC[@]}" "${TORCH_INC[@]}"
-job "$OBJ/fa3_unbuilt.o" g++ -c "$HERE/fa3_unbuilt_kernels.cpp" -o "$OBJ/fa3_unbuilt.o" "${F_CXX[@]}" "${TORCH_DEFS[@]}" "${F_INC[@]}" "${TORCH_INC[@]}"
+if want fa3; then
+  for v in _paged_split _split _paged "" _packgqa; do
+    f_cu "$F/instantiations/flash_fwd_hdim64_512_bf16${v}_sm90.cu" "fa3_hdim64_512${v}"
+  done
+fi
+if want sparse; then
+  [ -d "$M/sm90/decode/sparse_fp8" ] ||
+    { echo "no FlashMLA sparse sources in $SRC: rerun benchmarks/peers/export_sources.sh" >&2; exit 1; }
+  for h in 128 64; do
+    m_cu "$M/sm90/decode/sparse_fp8/instantiations/v32_persistent_h$h.cu" "flashmla_sparse_v32_h$h"
+  done
+fi
+want dense && m_cu "$M/sm90/decode/dense/instantiations/bf16.cu" flashmla_bf16
+# The scheduler and combine kernels: one object each, linked into both FlashMLA modules.
+if want dense || want sparse; then
+  m_cu "$M/smxx/decode/combine/combine.cu" flashmla_combine
+  m_cu "$M/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu" flashmla_sched
+fi
+if want fa3; then
+  f_cu "$F/flash_fwd_combine.cu" fa3_combine
+  f_cu "$F/flash_prepare_scheduler.cu" fa3_prepare_scheduler
+fi
+want dense && m_cxx "$HERE/flashmla_dense.cpp" flashmla_api flashmla_dense
+if want sparse; then
+  m_cxx "$HERE/flashmla_sparse.cpp" flashmla_sparse_api flashmla_sparse
+  m_cxx "$HERE/flashmla_sparse_unbuilt.cpp" flashmla_sparse_unbuilt flashmla_sparse
+fi
+if want fa3; then
+  job "$OBJ/fa3_api.o" g++ -c "$F/flash_api_stable.cpp" -o "$OBJ/fa3_api.o" "${F_CXX[@]}" "${TORCH_DEFS[@]}" "${F_INC[@]}" "${TORCH_INC[@]}"
+  job "$OBJ/fa3_unbuilt.o" g++ -c "$HERE/fa3_unbuilt_kernels.cpp" -o "$OBJ/fa3_unbuilt.o" "${F_CXX[@]}" "${TORCH_DEFS[@]}" "${F_INC[@]}" "${TORCH_INC[@]}"
+fi
 
 t0=$SECONDS
 echo "compiling $(wc -l < "$jobs_file") files, $JOBS at a time"
@@ -99,14 +131,25 @@ echo "compiled in $((SECONDS - t0)) s"
 
 LINK=(-shared -L"$TORCH_DIR/lib" -lc10 -ltorch -ltorch_cpu -ltorch_python -lc10_cuda -ltorch_cuda
       -L"$CUDA_HOME/lib64" -lcudart)
-g++ -o "$LIB/flashmla_dense.so" "$OBJ"/flashmla_*.o "${LINK[@]}"
-g++ -o "$LIB/fa3_mla.so" "$OBJ"/fa3_*.o "${LINK[@]}"
+M_COMMON=("$OBJ/flashmla_combine.o" "$OBJ/flashmla_sched.o")
+want dense && g++ -o "$LIB/flashmla_dense.so" "$OBJ/flashmla_bf16.o" "${M_COMMON[@]}" "$OBJ/flashmla_api.o" "${LINK[@]}"
+want sparse && g++ -o "$LIB/flashmla_sparse.so" "$OBJ"/flashmla_sparse_{v32_h128,v32_h64,api,unbuilt}.o \
+  "${M_COMMON[@]}" "${LINK[@]}"
+want fa3 && g++ -o "$LIB/fa3_mla.so" "$OBJ"/fa3_*.o "${LINK[@]}"
 cp "$SRC/PINS" "$LIB/PINS"
-# Every kernel the dispatch names must be defined here (fa3_unbuilt_kernels.cpp lists the rest).
-if nm -D --undefined-only "$LIB/fa3_mla.so" | grep -E 'run_mha_fwd|run_mha_fwd_combine_' ; then
+# Every kernel the dispatch names must be defined here (fa3_unbuilt_kernels.cpp and
+# flashmla_sparse_unbuilt.cpp list the rest).
+if want fa3 && nm -D --undefined-only "$LIB/fa3_mla.so" | grep -E 'run_mha_fwd|run_mha_fwd_combine_' ; then
   echo "fa3_mla.so leaves dispatch targets undefined (above)" >&2; exit 1
 fi
-for f in flashmla_bf16 fa3_hdim64_512_paged_split fa3_hdim64_512; do
+if want sparse && nm -D --undefined-only "$LIB/flashmla_sparse.so" | grep -E 'run_|sparse_fp8|head64|head128' ; then
+  echo "flashmla_sparse.so leaves dispatch targets undefined (above)" >&2; exit 1
+fi
+logs=()
+want dense && logs+=(flashmla_bf16)
+want sparse && logs+=(flashmla_sparse_v32_h128 flashmla_sparse_v32_h64)
+want fa3 && logs+=(fa3_hdim64_512_paged_split fa3_hdim64_512)
+for f in "${logs[@]}"; do
   grep -h -E "registers|spill" "$OBJ/$f.o.log" | grep -v "^$" | head -4 | sed "s|^|  $f: |"
 done
 ls -la "$LIB"

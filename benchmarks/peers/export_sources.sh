@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Exports the peers' sources at their pinned commits from git snapshots into .peers/src/ (ignored):
-# FlashMLA's SM90 dense decode with its scheduler and combine, FlashAttention-3's hopper/ sources
+# FlashMLA's SM90 dense decode and SM90 sparse FP8 decode with their scheduler and combine, FlashAttention-3's hopper/ sources
 # for the hdim 64 / hdim_v 512 bf16 forward, and the CUTLASS headers of each one's submodule commit.
 # Nothing of theirs is committed here: this script and build.sh make the benchmark's peers from a
 # snapshot of each public repository.
@@ -24,10 +24,15 @@ export_tree() {  # export_tree GIT_DIR COMMIT DEST PATH...
   git --git-dir="$git" archive "$commit" -- "$@" | tar -x -C "$dest"
 }
 
-# FlashMLA: the dense decode's interface header and what it includes (no sparse, no SM100 kernels).
+# FlashMLA: the dense and sparse decodes' interface headers and what they include: the SM90 dense
+# decode, the SM90 sparse FP8 decode (csrc/sm90/decode/sparse_fp8), their scheduler and combine
+# (csrc/smxx/decode), and only the declarations of the SM100 sparse-decode kernels that
+# sparse_decode.h dispatches to (no SM100 kernel is built: flashmla_sparse_unbuilt.cpp).
 export_tree "$FLASHMLA_GIT" "$FLASHMLA_COMMIT" "$DEST/flashmla" \
-  csrc/api/common.h csrc/api/dense_decode.h csrc/params.h csrc/defines.h csrc/utils.h \
-  csrc/kerutils csrc/sm90/helpers.h csrc/sm90/decode/dense csrc/smxx/decode
+  csrc/api/common.h csrc/api/dense_decode.h csrc/api/sparse_decode.h csrc/params.h csrc/defines.h \
+  csrc/utils.h csrc/kerutils csrc/sm90/helpers.h csrc/sm90/decode/dense csrc/sm90/decode/sparse_fp8 \
+  csrc/sm100/decode/head64/kernel.h csrc/sm100/prefill/sparse/fwd_for_small_topk/head128/phase1.h \
+  csrc/smxx/decode
 export_tree "$CUTLASS_GIT" "$FLASHMLA_CUTLASS_COMMIT" "$DEST/cutlass-flashmla" include tools/util/include
 
 # FlashAttention-3: hopper/'s headers and API, the combine and scheduler kernels, and the five
