@@ -2,12 +2,15 @@
 # One full call on the GPU machine (the `device` tool's H200): install jax_mla, run the GPU tests,
 # the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
-#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|tmabw|stats|peers|peersncu|multigpu]...   (default: tests bench; run in that order)
+#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|tmabw|stats|peers|peersncu|sparse|multigpu]...   (default: tests bench; run in that order)
 # Environment: AB_WHEELS (other wheels to install for A/B variants, below), TESTS_TIMEOUT, BENCH_TIMEOUT (default 420 s: the full benchmark with --xla took more than
 # 240 s on an H200; its JSON is written after every config, so a cut keeps the finished rows), BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
 # SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
 # spaces, given beside the tests/ folder: a file named here adds to it, it does not narrow the run; --ignore=PATH drops one; a -k expression must be one word; TESTS_K is passed whole as one -k expression), BENCH_TAG (results file bench-TAG.json, for several
 # benchmark runs in one call), NCU_CONFIGS (benchmark configs to profile, default: the two low-latency ones and b128/4K).
+# sparse: jax_mla.mla_decode_sparse against FlashMLA's SM90 sparse FP8 decode (issue #37,
+# benchmarks/bench_sparse.py; carry .peers/lib/flashmla_sparse.so and .peers/lib/PINS, or .peers/src
+# to build it here); SPARSE_ARGS (e.g. "--only h128 --attn-sink"), SPARSE_TIMEOUT (default 540 s).
 #
 # Install: a wheel carried in .whl-dist/ (built on the CPU machine, see docs/performance.md) when it
 # imports there; otherwise a build on the spot with --no-build-isolation (the GPU machine has no
@@ -140,7 +143,7 @@ run_peers() {
   echo "== jax_mla against FlashMLA and FlashAttention-3 (one process)"
   if ! ls .peers/lib/flashmla_dense.so .peers/lib/fa3_mla.so >/dev/null 2>&1; then
     [ -f .peers/src/PINS ] || { echo "carry .peers/lib or .peers/src (benchmarks/peers/README.md)"; status=1; return; }
-    JOBS=16 bash benchmarks/peers/build.sh > "$OUT/peers-build.log" 2>&1 ||
+    PEERS="dense fa3" JOBS=16 bash benchmarks/peers/build.sh > "$OUT/peers-build.log" 2>&1 ||
       { tail -30 "$OUT/peers-build.log"; status=1; return; }
   fi
   if [ -z "${PEERS_VARIANTS:-}" ]; then
@@ -177,6 +180,25 @@ for name in names:
         cells.append(f"{row['us']['jax_mla']:8.1f} ({row['us']['jax_mla'] / row['us']['flashmla']:.3f})" if row else " " * 16)
     print(f"{name:<26} " + "  ".join(cells))
 PYEOF
+}
+
+# jax_mla's sparse decode against FlashMLA's SM90 sparse FP8 decode in one process
+# (benchmarks/bench_sparse.py: b128, h_q 128 / 64, s_q 1 / 2, topk 2048, contexts 32K / 64K). The peer
+# comes from PEERS=sparse benchmarks/peers/build.sh: carried in .peers/lib (with PINS), else built here
+# from a carried .peers/src (two heavy compiles). SPARSE_ARGS: extra bench_sparse.py arguments.
+run_sparse() {
+  echo "== jax_mla.mla_decode_sparse against FlashMLA's sparse FP8 decode (one process)"
+  if ! ls .peers/lib/flashmla_sparse.so .peers/lib/PINS >/dev/null 2>&1; then
+    [ -f .peers/src/PINS ] || { echo "carry .peers/lib/flashmla_sparse.so and PINS, or .peers/src (benchmarks/peers/README.md)"; status=1; return; }
+    PEERS=sparse JOBS=16 bash benchmarks/peers/build.sh > "$OUT/sparse-build.log" 2>&1 ||
+      { tail -30 "$OUT/sparse-build.log"; status=1; return; }
+  fi
+  local name; name=$(fresh_name sparse)
+  clock_probe_start sparse
+  timeout "${SPARSE_TIMEOUT:-540}" python3 -P benchmarks/bench_sparse.py ${SPARSE_ARGS:-} --json "$OUT/$name.json" 2>&1 |
+    tee "$OUT/$name.log" | tail -24
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  clock_probe_report sparse
 }
 
 # ncu of one call of each kernel (FlashMLA, FA3, jax_mla: every kernel they launch) on the same
@@ -396,6 +418,7 @@ for step in "${steps[@]}"; do
     stats) run_stats ;;
     peers) run_peers ;;
     peersncu) run_peersncu ;;
+    sparse) run_sparse ;;
     multigpu) run_multigpu ;;
     all) run_tests; run_bench; run_sanitize ;;
     *) echo "unknown step $step"; status=1 ;;
