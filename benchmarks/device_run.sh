@@ -2,7 +2,7 @@
 # One full call on the GPU machine (the `device` tool's H200): install jax_mla, run the GPU tests,
 # the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
-#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|tmabw|stats|peers|peersncu|sparse|multigpu]...   (default: tests bench; run in that order)
+#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|tmabw|raceprobe|stats|peers|peersncu|sparse|multigpu]...   (default: tests bench; run in that order)
 # Environment: AB_WHEELS (other wheels to install for A/B variants, below), TESTS_TIMEOUT, BENCH_TIMEOUT (default 420 s: the full benchmark with --xla took more than
 # 240 s on an H200; its JSON is written after every config, so a cut keeps the finished rows), BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
 # SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
@@ -397,6 +397,19 @@ run_tmabw() {
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 
+# Whether racecheck honours a named barrier over part of a CTA (benchmarks/racecheck_probe.cu: the
+# SM90 epilogue's row-sum exchange alone; mode 2 is the racy control that must be reported).
+run_raceprobe() {
+  echo "== racecheck probe (benchmarks/racecheck_probe.cu)"
+  nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a benchmarks/racecheck_probe.cu -o /tmp/racecheck_probe \
+    > "$OUT/raceprobe-build.log" 2>&1 || { echo "build failed"; tail -5 "$OUT/raceprobe-build.log"; status=1; return; }
+  for m in 0 1 2; do
+    timeout 60 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 2 /tmp/racecheck_probe $m \
+      > "$OUT/raceprobe-$m.log" 2>&1
+    echo "mode $m: exit $?"; grep -E "^mode|SUMMARY" "$OUT/raceprobe-$m.log"
+  done
+}
+
 # The device's kernel choice as the extension sees it (kernel_info, then cuda_call_stats: decode
 # calls, those captured into CUDA graphs, SM90 fused-merge launches).
 run_stats() {
@@ -416,6 +429,7 @@ for step in "${steps[@]}"; do
     xladump) run_xladump ;;
     tmabw) run_tmabw ;;
     stats) run_stats ;;
+    raceprobe) run_raceprobe ;;
     peers) run_peers ;;
     peersncu) run_peersncu ;;
     sparse) run_sparse ;;
