@@ -240,27 +240,19 @@ def _cache_update_jvp(primals, tangents):
 ad.primitive_jvps[kv_cache_update_p] = _cache_update_jvp
 
 
-_NO_GRAD = ("mla_decode is inference-only; it has no gradient (JVP/VJP) rule. Wrap its inputs in "
-            "jax.lax.stop_gradient if it sits inside a differentiated function, or use "
-            "jax_mla.reference.mla_decode_reference, which is plain jax.numpy and differentiable.")
+def _register_no_grad(primitive, name: str, reference: str) -> None:
+    """JVP and transpose rules of an inference-only primitive: an error naming the differentiable
+    plain-jnp reference."""
+    message = (f"{name} is inference-only; it has no gradient (JVP/VJP) rule. Wrap its inputs in "
+               f"jax.lax.stop_gradient if it sits inside a differentiated function, or use "
+               f"jax_mla.reference.{reference}, which is plain jax.numpy and differentiable.")
+
+    def no_grad(*args, **kwargs):
+        raise NotImplementedError(message)
+
+    ad.primitive_jvps[primitive] = no_grad
+    ad.primitive_transposes[primitive] = no_grad
 
 
-def _no_grad(*args, **kwargs):
-    raise NotImplementedError(_NO_GRAD)
-
-
-ad.primitive_jvps[mla_decode_p] = _no_grad
-ad.primitive_transposes[mla_decode_p] = _no_grad
-
-
-_NO_GRAD_SPARSE = ("mla_decode_sparse is inference-only; it has no gradient (JVP/VJP) rule. Use "
-                   "jax.lax.stop_gradient on its inputs, or jax_mla.reference.mla_decode_sparse_reference "
-                   "(plain jax.numpy, differentiable).")
-
-
-def _no_grad_sparse(*args, **kwargs):
-    raise NotImplementedError(_NO_GRAD_SPARSE)
-
-
-ad.primitive_jvps[mla_decode_sparse_p] = _no_grad_sparse
-ad.primitive_transposes[mla_decode_sparse_p] = _no_grad_sparse
+_register_no_grad(mla_decode_p, "mla_decode", "mla_decode_reference")
+_register_no_grad(mla_decode_sparse_p, "mla_decode_sparse", "mla_decode_sparse_reference")

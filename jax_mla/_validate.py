@@ -166,13 +166,10 @@ def _check_block_table(block_table: Any, b: int, b_source: str, where: str) -> t
     return bt_shape
 
 
-def check_decode_operands(q: Any, kv_cache: Any, block_table: Any, seq_lens: Any,
-                          where: str = "mla_decode") -> DecodeDims:
-    """Checks ranks, dims and dtypes of the four array operands; returns the problem's dims.
-
-    kv_cache may be (num_pages, page_size, 576) or (num_pages, page_size, 1, 576) of q's dtype, or
-    the same with FP8_ROW_BYTES uint8 (FP8 rows) in place of the 576 values.
-    """
+def _check_q_and_kv_cache(q: Any, kv_cache: Any, where: str) -> tuple[int, int, int, int, int, bool]:
+    """q (b, s_q, h_q, 576) bf16/fp16 within the limits and a kv_cache of q's dtype or FP8 rows:
+    what mla_decode and mla_decode_sparse check first. Returns (b, s_q, h_q, num_pages, page_size,
+    fp8)."""
     q_shape = _shape(q)
     if len(q_shape) != 4 or q_shape[-1] != HEAD_DIM_QK:
         raise ValueError(
@@ -197,6 +194,17 @@ def check_decode_operands(q: Any, kv_cache: Any, block_table: Any, seq_lens: Any
     fp8 = is_fp8_cache(kv_cache)
     if not fp8:
         _check_same_dtype(kv_cache, "kv_cache", q_dtype, "q", where, hint=f" (or {_FP8_HINT})")
+    return b, s_q, h_q, num_pages, page_size, fp8
+
+
+def check_decode_operands(q: Any, kv_cache: Any, block_table: Any, seq_lens: Any,
+                          where: str = "mla_decode") -> DecodeDims:
+    """Checks ranks, dims and dtypes of the four array operands; returns the problem's dims.
+
+    kv_cache may be (num_pages, page_size, 576) or (num_pages, page_size, 1, 576) of q's dtype, or
+    the same with FP8_ROW_BYTES uint8 (FP8 rows) in place of the 576 values.
+    """
+    b, s_q, h_q, num_pages, page_size, fp8 = _check_q_and_kv_cache(q, kv_cache, where)
 
     bt_shape = _check_block_table(block_table, b, "q", where)
 
@@ -610,24 +618,7 @@ def check_sparse_operands(q: Any, kv_cache: Any, indices: Any, topk_length: Any 
     """Shapes and dtypes of mla_decode_sparse's operands. topk_length / attn_sink may be None, or
     (for the primitive) arrays of shape (0,) meaning absent; the primitive also takes a (b, h_q)
     attn_sink (one row per request: vmap over per-instance sinks)."""
-    q_shape = _shape(q)
-    if len(q_shape) != 4 or q_shape[-1] != HEAD_DIM_QK:
-        raise ValueError(
-            f"{where}: q must have shape (b, s_q, h_q, {HEAD_DIM_QK}), got shape {q_shape}")
-    b, s_q, h_q, _ = q_shape
-    if b < 1:
-        raise ValueError(f"{where}: q must have batch size b >= 1, got shape {q_shape}")
-    if not 1 <= s_q <= MAX_SEQ_Q:
-        raise ValueError(f"{where}: q must have 1 <= s_q <= {MAX_SEQ_Q} (dimension 1), got shape {q_shape}")
-    if not 1 <= h_q <= MAX_HEADS_Q:
-        raise ValueError(f"{where}: q must have 1 <= h_q <= {MAX_HEADS_Q} (dimension 2), got shape {q_shape}")
-    q_dtype = _dtype(q)
-    if q_dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"{where}: q must have dtype bfloat16 or float16, got {_dtype_name(q_dtype)}")
-    num_pages, page_size = _check_kv_cache_shape(kv_cache, where)
-    fp8 = is_fp8_cache(kv_cache)
-    if not fp8:
-        _check_same_dtype(kv_cache, "kv_cache", q_dtype, "q", where, hint=f" (or {_FP8_HINT})")
+    b, s_q, h_q, num_pages, page_size, fp8 = _check_q_and_kv_cache(q, kv_cache, where)
     if num_pages * page_size > _INT32_MAX:
         raise ValueError(
             f"{where}: kv_cache has num_pages * page_size = {num_pages * page_size} token slots, more "
