@@ -61,6 +61,35 @@ def load_peers(lib_dir: str):
     return flashmla, torch.ops.flash_attn_3, [p for p in pins if p]
 
 
+def capture_graph(fn, calls: int):
+    """A torch CUDA graph of fn(0) .. fn(calls - 1), after two warm-up calls on a side stream (the
+    capture must not record first-call allocations or module loads)."""
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(2):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i)
+    return graph
+
+
+def time_interleaved(run, names, repeats: int) -> dict:
+    """{name: [us per call of each round]}: run(name) twice each to warm up (compiles; XLA records
+    its command buffer on the second run), then `repeats` rounds in which every name runs once."""
+    for name in names:
+        run(name), run(name)
+    times = {name: [] for name in names}
+    for _ in range(repeats):
+        for name in names:
+            times[name].append(run(name))
+    return times
+
+
 def reference_request(q, cache, table, seq_len: int, causal: bool, scale: float):
     """float64 output (s_q, h, 512) and LSE (s_q, h) of one request, from its gathered rows."""
     import numpy as np
@@ -224,20 +253,7 @@ def main() -> int:
             return acc
         jstep = jax.jit(jax_step)
 
-        def capture(fn):
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for i in range(2):
-                    fn(i)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for i in range(calls):
-                    fn(i)
-            return graph
-
-        graphs = {"flashmla": capture(call_flashmla), "fa3": capture(call_fa3)}
+        graphs = {"flashmla": capture_graph(call_flashmla, calls), "fa3": capture_graph(call_fa3, calls)}
 
         def run(name):
             t0 = time.perf_counter()
@@ -248,12 +264,7 @@ def main() -> int:
                 torch.cuda.synchronize()
             return (time.perf_counter() - t0) / calls * 1e6
 
-        for name in IMPLS:  # warm-up: compile, record the command buffer (jax records on run 2)
-            run(name), run(name)
-        times = {name: [] for name in IMPLS}
-        for _ in range(args.repeats):
-            for name in IMPLS:
-                times[name].append(run(name))
+        times = time_interleaved(run, IMPLS, args.repeats)
         us = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
         best_peer = min(us["flashmla"], us["fa3"])
         row = dict(name=cfg.name, batch=cfg.batch, seq_q=cfg.seq_q, heads=cfg.heads, causal=cfg.causal,

@@ -89,6 +89,8 @@ sys.path.append(os.path.join(HERE, "..", "tests"))  # cases.py: sparse_brute_for
 # torch and jax share the GPU: jax must not take 75% of its memory up front.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+from bench_peers import capture_graph, time_interleaved  # noqa: E402
+
 PAGE_SIZE = 64
 HEAD_DIM_QK, HEAD_DIM_V = 576, 512
 FP8_ROW_BYTES = 656           # 512 e4m3 + 4 fp32 scales + 64 bf16 (FlashMLA's V3.2 bytes_per_token)
@@ -435,19 +437,7 @@ def main() -> int:
         jstep = jax.jit(jax_step)
         graphs = {}
         if fm is not None:
-            def capture(fn):
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for i in range(2):
-                        fn(i)
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for i in range(calls):
-                        fn(i)
-                return graph
-            graphs["flashmla"] = capture(call_flashmla)
+            graphs["flashmla"] = capture_graph(call_flashmla, calls)
 
         def run(name):
             t0 = time.perf_counter()
@@ -459,13 +449,7 @@ def main() -> int:
                 jax.block_until_ready(jstep(q, cache, idx_all, sink))
             return (time.perf_counter() - t0) / calls * 1e6
 
-        for name in impls:  # warm-up: compile, record the graphs (XLA records on run 2)
-            run(name), run(name)
-        repeats = 1 if dry else args.repeats
-        times = {name: [] for name in impls}
-        for _ in range(repeats):
-            for name in impls:
-                times[name].append(run(name))
+        times = time_interleaved(run, impls, 1 if dry else args.repeats)
         us = {n: (sorted(times[n])[len(times[n]) // 2] if n in times else None) for n in IMPLS}
         row = dict(name=cfg.name, batch=cfg.batch, seq_q=cfg.seq_q, heads=cfg.heads, context=cfg.context,
                    topk=cfg.topk, calls=calls, distinct_rows=distinct, flops=cfg.flops(),
