@@ -59,12 +59,15 @@ _schedule_ffi = jax.ffi.ffi_lowering(SCHEDULE_TARGET)
 _sparse_ffi = jax.ffi.ffi_lowering(SPARSE_TARGET)
 
 
-def _sparse_lowering_cpu(ctx, q, kv_cache, indices, topk_length, attn_sink, *, softmax_scale):
+def _sparse_lowering_cpu(ctx, q, kv_cache, indices, topk_length, attn_sink, *, softmax_scale, chunk_blocks=0):
+    # The CPU kernel never splits a query token's slots: its bits never depend on the batch, so
+    # chunk_blocks (batch_invariant) has nothing to change there and is not passed.
+    del chunk_blocks
     return _sparse_ffi(ctx, q, kv_cache, indices, topk_length, attn_sink,
                        softmax_scale=np.float32(softmax_scale))
 
 
-def _sparse_lowering_cuda(ctx, q, kv_cache, indices, topk_length, attn_sink, *, softmax_scale):
+def _sparse_lowering_cuda(ctx, q, kv_cache, indices, topk_length, attn_sink, *, softmax_scale, chunk_blocks=0):
     # The handler runs the call as a dense decode of b * s_q one-token requests of h_q rows
     # (cuda/runtime/sparse_launch.h), planned in the op with mla_decode's default num_parts for
     # h_q rows; its scratch is an extra result, dropped as for mla_decode.
@@ -73,11 +76,15 @@ def _sparse_lowering_cuda(ctx, q, kv_cache, indices, topk_length, attn_sink, *, 
     dims = _validate.check_sparse_operands(*ctx.avals_in, primitive=True)
     _validate.check_gpu_sparse(dims)
     num_parts = default_num_parts(1, dims.heads_q)
-    nbytes = int(ext.sparse_workspace_bytes(dims.batch * dims.seq_q, dims.heads_q, dims.topk, num_parts))
+    # batch_invariant (chunk_blocks > 0): S chunks per query token at most, as the handler plans it.
+    max_chunks = int(ext.invariant_max_chunks(num_parts, chunk_blocks, dims.topk)) if chunk_blocks else 0
+    nbytes = int(ext.sparse_workspace_bytes(dims.batch * dims.seq_q, dims.heads_q, dims.topk, num_parts,
+                                            max_chunks))
     workspace = jax.core.ShapedArray((nbytes,), np.uint8)
     ctx_ws = ctx.replace(avals_out=[*ctx.avals_out, workspace])
     results = _sparse_ffi(ctx_ws, q, kv_cache, indices, topk_length, attn_sink,
-                          softmax_scale=np.float32(softmax_scale), num_parts=np.int32(num_parts))
+                          softmax_scale=np.float32(softmax_scale), num_parts=np.int32(num_parts),
+                          chunk_blocks=np.int32(chunk_blocks))
     return list(results)[:2]
 
 

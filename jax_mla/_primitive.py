@@ -14,7 +14,7 @@ mla_decode_p(q, kv_cache, block_table, seq_lens, schedule; softmax_scale, causal
 mla_decode_schedule_p(seq_lens; num_parts, chunk_blocks) -> schedule
   (schedule_size(b, num_parts, chunk_blocks > 0),) int32.
 
-mla_decode_sparse_p(q, kv_cache, indices, topk_length, attn_sink; softmax_scale) -> (out, lse)
+mla_decode_sparse_p(q, kv_cache, indices, topk_length, attn_sink; softmax_scale, chunk_blocks) -> (out, lse)
   q as mla_decode_p's, kv_cache (P, page, 576) q's dtype or (P, page, 656) uint8, indices
   (b, s_q, topk) int32 flat slots page_id * page_size + row (-1: none), topk_length (0,) [absent]
   or (b,) int32, attn_sink (0,) [absent], (h_q,) or (b, h_q) [per request, from vmap] float32.
@@ -85,12 +85,13 @@ def _cache_update_abstract_eval(kv_cache, new_latent, block_table, positions):
     return jax.core.ShapedArray(kv_cache.shape, kv_cache.dtype)
 
 
-def _sparse_abstract_eval(q, kv_cache, indices, topk_length, attn_sink, *, softmax_scale):
+def _sparse_abstract_eval(q, kv_cache, indices, topk_length, attn_sink, *, softmax_scale, chunk_blocks=0):
     dims = _validate.check_sparse_operands(q, kv_cache, indices, topk_length, attn_sink, primitive=True)
     if len(kv_cache.shape) != 3:
         raise ValueError(
             f"mla_decode_sparse: the primitive takes kv_cache of rank 3, got shape {tuple(kv_cache.shape)}")
     _validate.check_softmax_scale(softmax_scale, where="mla_decode_sparse")
+    _validate.check_chunk_blocks(chunk_blocks, where="mla_decode_sparse")
     b, s_q, h_q = dims.batch, dims.seq_q, dims.heads_q
     return (jax.core.ShapedArray((b, s_q, h_q, _validate.HEAD_DIM_V), q.dtype),
             jax.core.ShapedArray((b, s_q, h_q), np.float32))
@@ -165,7 +166,7 @@ def _decode_batch(args, bdims, *, softmax_scale, causal, num_parts, kernel, chun
     return (out, lse), (0, 0)
 
 
-def _sparse_batch(args, bdims, *, softmax_scale):
+def _sparse_batch(args, bdims, *, softmax_scale, chunk_blocks=0):
     q, kv_cache, indices, topk_length, attn_sink = args
     q_d, kv_d, idx_d, tl_d, sink_d = bdims
     size = next(x.shape[d] for x, d in zip(args, bdims) if d is not None)
@@ -203,7 +204,7 @@ def _sparse_batch(args, bdims, *, softmax_scale):
         attn_sink = jnp.broadcast_to(attn_sink[None], (v,) + attn_sink.shape).reshape((v * b, -1))
     out, lse = mla_decode_sparse_p.bind(
         q.reshape((v * b,) + q.shape[2:]), kv_cache, indices.reshape((v * b,) + indices.shape[2:]),
-        topk_length, attn_sink, softmax_scale=softmax_scale)
+        topk_length, attn_sink, softmax_scale=softmax_scale, chunk_blocks=chunk_blocks)
     out = out.reshape((v, b) + out.shape[1:])
     lse = lse.reshape((v, b) + lse.shape[1:])
     return (out, lse), (0, 0)

@@ -20,7 +20,7 @@ def _as_array(x: Any) -> Any:
 
 
 def mla_decode_sparse(q, kv_cache, indices, *, topk_length=None, softmax_scale=None, attn_sink=None,
-                      return_lse=False):
+                      return_lse=False, batch_invariant=False, invariant_chunk=None):
     """MLA decode over each query token's selected cache slots (DeepSeek-V3.2 sparse attention).
 
     Args:
@@ -42,6 +42,12 @@ def mla_decode_sparse(q, kv_cache, indices, *, topk_length=None, softmax_scale=N
         exp(attn_sink[h])) (a sink logit that takes probability mass); lse is unchanged. -inf = no
         effect.
       return_lse: also return lse.
+      batch_invariant, invariant_chunk: static, as mla_decode's: with True a query token's out and
+        lse are bitwise the same whatever else is in the call (batch size, other requests, its
+        position), on the same kernel, GPU architecture and static arguments. On CUDA each query
+        token is one request of the split-KV plan, cut into chunks of invariant_chunk selected
+        slots (default 1024); the CPU kernel never splits a token's slots, so its bits never
+        depend on the batch and the flag changes nothing there.
 
     Returns:
       out (b, s_q, h_q, 512) in q's dtype, and with return_lse lse (b, s_q, h_q) float32 (natural
@@ -66,6 +72,7 @@ def mla_decode_sparse(q, kv_cache, indices, *, topk_length=None, softmax_scale=N
     scale = _validate.check_softmax_scale(
         _validate.HEAD_DIM_QK ** -0.5 if softmax_scale is None else softmax_scale, where)
     return_lse = _validate.check_bool("return_lse", return_lse, where)
+    chunk_blocks = _validate.check_batch_invariant(batch_invariant, invariant_chunk, where)
     _validate.check_concrete_sparse(indices, topk_length, dims, where)
 
     def call(q, kv_cache, indices, topk_length, attn_sink):
@@ -73,7 +80,8 @@ def mla_decode_sparse(q, kv_cache, indices, *, topk_length=None, softmax_scale=N
             kv_cache = kv_cache.reshape(kv_cache.shape[0], kv_cache.shape[1], kv_cache.shape[3])
         tl = jnp.zeros((0,), jnp.int32) if topk_length is None else topk_length
         sink = jnp.zeros((0,), jnp.float32) if attn_sink is None else attn_sink
-        return mla_decode_sparse_p.bind(q, kv_cache, indices, tl, sink, softmax_scale=scale)
+        return mla_decode_sparse_p.bind(q, kv_cache, indices, tl, sink, softmax_scale=scale,
+                                        chunk_blocks=chunk_blocks)
 
     args = [jnp.asarray(x) for x in (q, kv_cache, indices)]
     opt = [None if x is None else jnp.asarray(x) for x in (topk_length, attn_sink)]

@@ -57,8 +57,8 @@ inline WorkspaceScratch attach_workspace(DecodeProblem& p, void* workspace) {
 
 // The workspace of jax_mla_decode_sparse on CUDA (runtime/sparse_launch.h), which runs the sparse
 // call as a dense decode of `queries` = b * s_q one-token requests of heads_q rows over pages of one
-// token: that decode's workspace (planned in the op, default plans) first, then the requests'
-// block table (their compacted index lists) and lengths.
+// token: that decode's workspace (planned in the op; max_chunks: its batch-invariant plan's S, 0 for
+// the default plans) first, then the requests' block table (their compacted index lists) and lengths.
 struct SparseWorkspaceLayout {
   WorkspaceLayout decode;  // at offset 0
   int64_t table_offset;    // int32 (queries, topk)
@@ -67,9 +67,9 @@ struct SparseWorkspaceLayout {
 };
 
 MLA_HOST_DEVICE SparseWorkspaceLayout sparse_workspace_layout(int64_t queries, int64_t heads_q, int64_t topk,
-                                                              int64_t num_parts) {
+                                                              int64_t num_parts, int64_t max_chunks = 0) {
   SparseWorkspaceLayout w;
-  w.decode = workspace_layout(queries, heads_q, num_parts);
+  w.decode = workspace_layout(queries, heads_q, num_parts, max_chunks);
   w.table_offset = align_up(w.decode.total_bytes, 256);
   w.lengths_offset = align_up(w.table_offset + queries * topk * 4, 256);
   w.total_bytes = w.lengths_offset + queries * 4;

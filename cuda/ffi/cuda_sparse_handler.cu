@@ -6,8 +6,9 @@
 //
 // Beside the CPU target's operands and attribute it has a `workspace` result (the decode's scratch,
 // the in-op schedule and the compacted block table: common/workspace.h sparse_workspace_layout) and
-// a `num_parts` attribute (the split-KV plan's parts, which size the workspace), both fixed at
-// trace time by the CUDA lowering. Like jax_mla_decode's execute stage it allocates nothing and
+// `num_parts` and `chunk_blocks` attributes (the split-KV plan's parts and, for batch_invariant,
+// its chunk in 64-token blocks, 0 otherwise: they size the workspace), all fixed at trace time by
+// the CUDA lowering. Like jax_mla_decode's execute stage it allocates nothing and
 // never synchronises (CUDA-graph safe), and shares its initialize stage (cuda_handler.cu).
 #include <cuda_runtime.h>
 
@@ -35,7 +36,8 @@ using ffi_args::kSparseTarget;
 
 // What only the GPU path imposes: the in-op schedule of b * s_q requests (the device scheduler's
 // batch limit, an int32 schedule) and the workspace the lowering sized for it.
-ffi::Error check_gpu_sparse(const SparseProblem& p, int32_t num_parts, int64_t workspace_bytes) {
+ffi::Error check_gpu_sparse(const SparseProblem& p, int32_t num_parts, int32_t chunk_blocks, int64_t workspace_bytes,
+                            ChunkSpec* chunks) {
   const int64_t queries = static_cast<int64_t>(p.batch) * p.seq_q;
   if (queries > kMaxScheduleBatch) {
     return invalid_argument(kSparseTarget, "b * s_q = ", p.batch, " * ", p.seq_q, " = ", queries,
@@ -46,11 +48,18 @@ ffi::Error check_gpu_sparse(const SparseProblem& p, int32_t num_parts, int64_t w
     return invalid_argument(kSparseTarget, "num_parts must be a positive int small enough for an int32 schedule, got ",
                             num_parts);
   }
-  const int64_t need = sparse_workspace_layout(queries, p.heads_q, p.topk, num_parts).total_bytes;
+  if (!ffi_args::chunk_blocks_ok(chunk_blocks)) {
+    return invalid_argument(kSparseTarget, "chunk_blocks (batch_invariant's chunk in ", kBlockN,
+                            "-token blocks) must be 0 or in [1, ", kMaxInvariantChunkBlocks, "], got ", chunk_blocks);
+  }
+  // A query token's request has at most topk tokens: S as the dense op plans it for its table.
+  *chunks = chunk_blocks > 0 ? ChunkSpec{chunk_blocks, invariant_max_chunks(num_parts, chunk_blocks, p.topk)}
+                             : ChunkSpec{0, 0};
+  const int64_t need = sparse_workspace_layout(queries, p.heads_q, p.topk, num_parts, chunks->max_chunks).total_bytes;
   if (workspace_bytes < need) {
     return invalid_argument(kSparseTarget, "workspace has ", workspace_bytes, " bytes, needs ", need,
                             " (sparse_workspace_bytes(queries=", queries, ", heads_q=", p.heads_q, ", topk=", p.topk,
-                            ", num_parts=", num_parts, "))");
+                            ", num_parts=", num_parts, ", max_chunks=", chunks->max_chunks, "))");
   }
   return ffi::Error::Success();
 }
@@ -58,14 +67,16 @@ ffi::Error check_gpu_sparse(const SparseProblem& p, int32_t num_parts, int64_t w
 ffi::Error SparseExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer kv_cache, ffi::AnyBuffer indices,
                              ffi::AnyBuffer topk_length, ffi::AnyBuffer attn_sink, ffi::Result<ffi::AnyBuffer> out,
                              ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> workspace,
-                             float softmax_scale, int32_t num_parts) {
+                             float softmax_scale, int32_t num_parts, int32_t chunk_blocks) {
   SparseProblem p{};
   if (ffi::Error e = ffi_args::check_sparse(q, kv_cache, indices, topk_length, attn_sink, *out, *lse, softmax_scale, &p);
       e.failure()) {
     return e;
   }
   if (p.batch == 0) return ffi::Error::Success();  // nothing to launch (a grid of 0 CTAs is an error)
-  if (ffi::Error e = check_gpu_sparse(p, num_parts, static_cast<int64_t>(workspace->size_bytes())); e.failure()) {
+  ChunkSpec chunks{0, 0};
+  if (ffi::Error e = check_gpu_sparse(p, num_parts, chunk_blocks, static_cast<int64_t>(workspace->size_bytes()), &chunks);
+      e.failure()) {
     return e;
   }
   const DeviceState* device = nullptr;
@@ -76,7 +87,8 @@ ffi::Error SparseExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   const KernelSelection sel =
       select_on(*device, static_cast<int32_t>(Kernel::kPortable), p.kv_format == KvFormat::kFp8);
   if (!sel.error.empty()) return invalid_argument(kSparseTarget, sel.error);
-  const LaunchStatus st = launch_sparse_decode(p, num_parts, workspace->untyped_data(), device->sm_count, stream);
+  const LaunchStatus st =
+      launch_sparse_decode(p, num_parts, chunks, workspace->untyped_data(), device->sm_count, stream);
   if (!st.ok()) return ffi_args::launch_error(kSparseTarget, st);
   return ffi::Error::Success();
 }
@@ -96,5 +108,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MlaDecodeSparseCudaExecute, jax_mla::SparseExecute
                                   .Ret<ffi::AnyBuffer>()  // lse          (b, s_q, h_q) f32
                                   .Ret<ffi::AnyBuffer>()  // workspace    (sparse_workspace_bytes,) u8
                                   .Attr<float>("softmax_scale")
-                                  .Attr<int32_t>("num_parts"),  // parts of the in-op split-KV plan
+                                  .Attr<int32_t>("num_parts")      // parts of the in-op split-KV plan
+                                  .Attr<int32_t>("chunk_blocks"),  // 0, or the batch-invariant plan's chunk
                               {ffi::Traits::kCmdBufferCompatible});

@@ -85,12 +85,13 @@ int64_t workspace_bytes(int64_t batch, int64_t rows, int64_t num_parts, int64_t 
   return jax_mla::workspace_layout(batch, rows, num_parts, max_chunks).total_bytes;
 }
 
-int64_t sparse_workspace_bytes(int64_t queries, int64_t heads_q, int64_t topk, int64_t num_parts) {
+int64_t sparse_workspace_bytes(int64_t queries, int64_t heads_q, int64_t topk, int64_t num_parts, int64_t max_chunks) {
   if (queries < 0) throw nb::value_error("queries must be >= 0");
   if (heads_q < 1) throw nb::value_error("heads_q must be >= 1");
   if (topk < 1) throw nb::value_error("topk must be >= 1");
   if (num_parts < 1) throw nb::value_error("num_parts must be >= 1");
-  return jax_mla::sparse_workspace_layout(queries, heads_q, topk, num_parts).total_bytes;
+  if (max_chunks < 0) throw nb::value_error("max_chunks must be >= 0");
+  return jax_mla::sparse_workspace_layout(queries, heads_q, topk, num_parts, max_chunks).total_bytes;
 }
 
 int invariant_max_chunks(int num_parts, int chunk_blocks, int64_t capacity_tokens) {
@@ -149,8 +150,9 @@ NB_MODULE(_ext, m) {
         "Bytes of the CUDA workspace result of jax_mla_decode (rows = s_q * h_q; max_chunks: the "
         "batch-invariant plan's most chunks per request, invariant_max_chunks, or 0).");
   m.def("sparse_workspace_bytes", &sparse_workspace_bytes, nb::arg("queries"), nb::arg("heads_q"), nb::arg("topk"),
-        nb::arg("num_parts"),
-        "Bytes of the CUDA workspace result of jax_mla_decode_sparse (queries = b * s_q; common/workspace.h).");
+        nb::arg("num_parts"), nb::arg("max_chunks") = 0,
+        "Bytes of the CUDA workspace result of jax_mla_decode_sparse (queries = b * s_q; max_chunks: the "
+        "batch-invariant plan's S, 0 for the default plans; common/workspace.h).");
   m.def("invariant_max_chunks", &invariant_max_chunks, nb::arg("num_parts"), nb::arg("chunk_blocks"),
         nb::arg("capacity_tokens"),
         "Most chunks per request of a batch-invariant plan (common/scheduler.h): num_parts, bounded by what a "

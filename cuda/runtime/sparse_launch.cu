@@ -9,7 +9,7 @@
 
 namespace jax_mla {
 
-DecodeProblem one_token_page_view(const SparseProblem& p, int num_parts, const int32_t* block_table,
+DecodeProblem one_token_page_view(const SparseProblem& p, int num_parts, ChunkSpec chunks, const int32_t* block_table,
                                   const int32_t* seq_lens) {
   DecodeProblem d{};
   d.batch = p.batch * p.seq_q;  // one request per query token, row = head
@@ -24,7 +24,7 @@ DecodeProblem one_token_page_view(const SparseProblem& p, int num_parts, const i
   d.kv_format = p.kv_format;
   d.softmax_scale = p.softmax_scale;
   d.causal = false;  // every selected slot is visible to its token
-  d.chunks = ChunkSpec{0, 0};
+  d.chunks = chunks;
   // q (b, s_q, h_q, 576), out (b, s_q, h_q, 512) and lse (b, s_q, h_q) are, in memory, the
   // (b * s_q, 1, h_q, .) arrays of the view.
   d.q = p.q;
@@ -39,11 +39,12 @@ DecodeProblem one_token_page_view(const SparseProblem& p, int num_parts, const i
   return d;
 }
 
-LaunchStatus launch_sparse_decode(const SparseProblem& p, int num_parts, void* workspace, int sm_count,
-                                  cudaStream_t stream) {
+LaunchStatus launch_sparse_decode(const SparseProblem& p, int num_parts, ChunkSpec chunks, void* workspace,
+                                  int sm_count, cudaStream_t stream) {
   LaunchStatus st;
   const int queries = p.batch * p.seq_q;
-  const SparseWorkspaceLayout layout = sparse_workspace_layout(queries, p.heads_q, p.topk, num_parts);
+  const SparseWorkspaceLayout layout =
+      sparse_workspace_layout(queries, p.heads_q, p.topk, num_parts, chunks.max_chunks);
   uint8_t* ws = static_cast<uint8_t*>(workspace);
   int32_t* table = reinterpret_cast<int32_t*>(ws + layout.table_offset);      // (queries, topk)
   int32_t* lengths = reinterpret_cast<int32_t*>(ws + layout.lengths_offset);  // (queries)
@@ -52,7 +53,7 @@ LaunchStatus launch_sparse_decode(const SparseProblem& p, int num_parts, void* w
     st.what = "sparse table kernel launch";
     return st;
   }
-  DecodeProblem d = one_token_page_view(p, num_parts, table, lengths);
+  DecodeProblem d = one_token_page_view(p, num_parts, chunks, table, lengths);
   const WorkspaceScratch scratch = attach_workspace(d, workspace);  // the decode's part is first
   // No SM90 merge counters: the portable kernel's splits are merged by the combine kernel.
   st = launch_decode_kernel(Kernel::kPortable, d, sm_count, /*merge_counters=*/nullptr, scratch.schedule_scratch,

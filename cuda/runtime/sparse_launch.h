@@ -21,15 +21,17 @@
 
 namespace jax_mla {
 
-// p: the validated problem (device pointers). workspace: sparse_workspace_layout(b * s_q, h_q,
-// topk, num_parts).total_bytes bytes (common/workspace.h). sm_count: the device's SMs, for the
+// p: the validated problem (device pointers). chunks: the batch-invariant plan ({0, 0}: the
+// default plans; a query token is one request of the view, so its bits then depend on its own
+// indices alone). workspace: sparse_workspace_layout(b * s_q, h_q, topk, num_parts,
+// chunks.max_chunks).total_bytes bytes (common/workspace.h). sm_count: the device's SMs, for the
 // combine's grid. The portable kernel must read p.kv_format (the caller selects it).
-LaunchStatus launch_sparse_decode(const SparseProblem& p, int num_parts, void* workspace, int sm_count,
-                                  cudaStream_t stream);
+LaunchStatus launch_sparse_decode(const SparseProblem& p, int num_parts, ChunkSpec chunks, void* workspace,
+                                  int sm_count, cudaStream_t stream);
 
 // The dense decode the GPU runs for p (the view above), with block_table and seq_lens the
 // compacted lists; the split-KV scratch (partial_lse, partial_out) is left null.
-DecodeProblem one_token_page_view(const SparseProblem& p, int num_parts, const int32_t* block_table,
+DecodeProblem one_token_page_view(const SparseProblem& p, int num_parts, ChunkSpec chunks, const int32_t* block_table,
                                   const int32_t* seq_lens);
 
 }  // namespace jax_mla

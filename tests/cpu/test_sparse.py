@@ -178,3 +178,26 @@ def test_one_token_page_view_is_the_dense_decode(fp8):
     cases.assert_close_rounding_only(np.asarray(out).reshape(want_out.shape), np.asarray(lse).reshape(want_lse.shape),
                                      ref_out, ref_lse, "bfloat16", 10.0, 20.0)
     cases.assert_close_rounding_only(want_out, want_lse, ref_out, ref_lse, "bfloat16", 10.0, 20.0)
+
+
+def test_batch_invariant_validation_and_cpu_bits():
+    """batch_invariant / invariant_chunk are checked as mla_decode's; on the CPU (which never splits
+    a query token's slots) a request's bits are the same alone and inside a batch, with or without
+    the flag."""
+    q, kv, idx, _ = cases.make_sparse(51, b=1, s_q=2, h_q=16, topk=300, page_size=16, num_pages=40)
+    with pytest.raises(TypeError, match="batch_invariant must be a Python bool"):
+        jax_mla.mla_decode_sparse(q, kv, idx, batch_invariant=1)
+    with pytest.raises(ValueError, match="needs batch_invariant=True"):
+        jax_mla.mla_decode_sparse(q, kv, idx, invariant_chunk=128)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        jax_mla.mla_decode_sparse(q, kv, idx, batch_invariant=True, invariant_chunk=100)
+    rng = np.random.default_rng(5)
+    b = 9
+    qb = rng.standard_normal((b,) + q.shape[1:]).astype(q.dtype)
+    ib = rng.integers(0, 20 * 16, size=(b,) + idx.shape[1:]).astype(np.int32)
+    qb[4], ib[4] = q[0], idx[0]
+    for kw in ({}, dict(batch_invariant=True), dict(batch_invariant=True, invariant_chunk=64)):
+        alone = jax_mla.mla_decode_sparse(q, kv, idx, return_lse=True, **kw)
+        batch = jax_mla.mla_decode_sparse(qb, kv, ib, return_lse=True, **kw)
+        np.testing.assert_array_equal(np.asarray(batch[0])[4], np.asarray(alone[0])[0])
+        np.testing.assert_array_equal(np.asarray(batch[1])[4], np.asarray(alone[1])[0])

@@ -20,7 +20,9 @@ check (no NaN, out 0 and lse -inf exactly on tokens with no counted index). What
   - the attention sink (lse unchanged bit for bit, -inf sink = none, large sinks = 0, empty tokens
     stay 0 / -inf), per instance under vmap;
   - bits: jax.jit and eager agree, repeated calls agree, an FP8 cache gives exactly the 16-bit
-    path's bits on unpack_fp8_kv(cache, q's dtype), jax.export for CUDA runs;
+    path's bits on unpack_fp8_kv(cache, q's dtype), jax.export for CUDA runs; with
+    batch_invariant=True a request's bits alone and anywhere in batches of 1 .. 200 others are the
+    same (and without it they move);
   - agreement with the CPU kernel.
 """
 
@@ -313,3 +315,58 @@ def test_export_for_cuda_runs():
     for x, y in zip(got, want):
         np.testing.assert_array_equal(x.view(np.uint8), y.view(np.uint8))
     check(q, *got, cases.sparse_brute_force(q, rows64, idx, tl, sink=sink))
+
+
+def _invariance_batch(rng, target, others, pos, kv_slots, topk):
+    """q and indices of a batch of `others` random query rows with the target's at position pos."""
+    q_t, idx_t = target
+    b = others + 1
+    q = rng.standard_normal((b,) + q_t.shape[1:]).astype(q_t.dtype)
+    idx = rng.integers(0, kv_slots, size=(b,) + idx_t.shape[1:]).astype(np.int32)
+    # Other rows select between none and all of topk slots: the default plan's splits move.
+    keep = rng.integers(0, topk + 1, size=b)
+    idx[np.broadcast_to(np.arange(topk)[None, None, :] >= keep[:, None, None], idx.shape)] = -1
+    q[pos], idx[pos] = q_t[0], idx_t[0]
+    return q, idx
+
+
+@pytest.mark.parametrize("cache", CACHES)
+@pytest.mark.parametrize("h_q,topk", [(64, 2048), (128, 700), (16, 129)])
+def test_batch_invariant_bits_do_not_depend_on_the_batch(cache, h_q, topk):
+    """batch_invariant=True: a request's out and lse alone and at the first, a middle and the last
+    position of batches of 1 .. 200 random others are the same bits (every query token is one
+    request of the portable kernel's chunked plan; chunks of 1024 and of 128 slots)."""
+    fp8 = cache == "fp8cache"
+    q, kv, idx, rows64 = make(41 + h_q, b=1, s_q=2, h_q=h_q, topk=topk, num_pages=40, page_size=64, fp8=fp8,
+                              p_invalid=0.1)
+    live = 20 * 64  # make_sparse selects from the first half of the pages
+    for chunk in (None, 128):
+        kw = dict(batch_invariant=True, invariant_chunk=chunk)
+        alone = run_gpu_kw(q, kv, idx, **kw)
+        check(q, *alone, cases.sparse_brute_force(q, rows64, idx))
+        rng = np.random.default_rng(7)
+        for others in (1, 5, 60, 200):
+            for pos in sorted({0, others // 2, others}):
+                qb, ib = _invariance_batch(rng, (q, idx), others, pos, live, topk)
+                out, lse = run_gpu_kw(qb, kv, ib, **kw)
+                np.testing.assert_array_equal(out[pos], alone[0][0], err_msg=f"{others} others, at {pos}")
+                np.testing.assert_array_equal(lse[pos], alone[1][0], err_msg=f"{others} others, at {pos}")
+
+
+def test_without_batch_invariant_the_bits_do_change():
+    """The comparison above can fail: with the default plans a request alone (split over many parts)
+    and in a large batch (not split) gets different bits."""
+    q, kv, idx, _ = make(43, b=1, s_q=1, h_q=64, topk=2048, num_pages=40, page_size=64, p_invalid=0.0)
+    alone = run_gpu_kw(q, kv, idx)
+    qb, ib = _invariance_batch(np.random.default_rng(8), (q, idx), 255, 0, 20 * 64, 2048)
+    out, lse = run_gpu_kw(qb, kv, ib)
+    assert not (np.array_equal(out[0], alone[0][0]) and np.array_equal(lse[0], alone[1][0]))
+
+
+def run_gpu_kw(q, kv, idx, **kw):
+    """(out, lse) of mla_decode_sparse on the GPU under jit, with static keyword arguments."""
+    args = [jax.device_put(np.asarray(x), gpu()) for x in (q, kv, idx)]
+    fn = jax.jit(lambda q, kv, idx: jax_mla.mla_decode_sparse(q, kv, idx, return_lse=True, **kw))
+    with jax.default_device(gpu()):
+        out, lse = fn(*args)
+    return np.asarray(out), np.asarray(lse)
