@@ -17,11 +17,13 @@ timed runs without calling the handler, so a captured row shows handler runs = 2
 traced = calls.
 
 Usage: python benchmarks/bench_decode.py [--only NAME[,NAME...]] [--xla] [--kernel portable] [--num-parts 16,33,66]
-                                        [--batch-invariant off|on|both] [--invariant-chunk TOKENS] [--json out.json]
+                                        [--batch-invariant off|on|both] [--invariant-chunk TOKENS]
+                                        [--cache bf16|fp8|both] [--json out.json]
 
---fp8 times an FP8 cache (uint8 rows of 656 bytes, jax_mla.pack_fp8_kv of the same random rows):
-rows are named jax_mla[fp8] and the copy rate is counted in FP8 bytes (656 a token), as the issue's
-targets are.
+--cache fp8 (or --fp8) times an FP8 cache (uint8 rows of 656 bytes, jax_mla.pack_fp8_kv of the same
+random rows): rows are named jax_mla[fp8] and the copy rate is counted in FP8 bytes (656 a token), as
+the FP8 issue's targets are. --cache both times the bf16 cache and the FP8 cache of the same rows in
+turn in one process (A B A B ...), which is how the FP8 path is compared with the bf16 one.
 
 --kernel times a forced CUDA kernel (mla_decode's kernel= argument: auto, sm90, sm100, portable);
 the table and the JSON record it, with jax_mla.kernel_info() of the device. --num-parts times each
@@ -171,8 +173,10 @@ def main() -> int:
     ap.add_argument("--no-ceilings", action="store_true")
     ap.add_argument("--kernel", default="auto", choices=["auto", "sm90", "sm100", "portable"],
                     help="CUDA kernel to time (mla_decode's kernel= argument)")
-    ap.add_argument("--fp8", action="store_true",
-                    help="time an FP8 cache (uint8 rows of 656 bytes; copy rate in FP8 bytes)")
+    ap.add_argument("--cache", default="bf16", choices=["bf16", "fp8", "both"],
+                    help="the cache timed: bf16, FP8 (uint8 rows of 656 bytes; copy rate in FP8 bytes), or "
+                         "both in turn in one process")
+    ap.add_argument("--fp8", action="store_true", help="the same as --cache fp8")
     ap.add_argument("--num-parts", default="0",
                     help="comma-separated split-KV part counts to time (0 = the default policy)")
     ap.add_argument("--batch-invariant", default="off", choices=["off", "on", "both"],
@@ -181,6 +185,10 @@ def main() -> int:
     ap.add_argument("--invariant-chunk", type=int, default=None,
                     help="batch_invariant's chunk in tokens (default: the API's)")
     args = ap.parse_args()
+    if args.fp8:
+        if args.cache == "both":
+            ap.error("--fp8 is --cache fp8; give one of them")
+        args.cache = "fp8"
     _setup_xla_flags(not args.no_graphs)
 
     import jax
@@ -205,8 +213,10 @@ def main() -> int:
     if any(n < 0 for n in part_counts):
         ap.error("--num-parts takes counts >= 0 (0 = the default policy)")
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.batch_invariant]
-    # The timed variants: (num_parts, batch_invariant), all in turn in one process when several.
-    variants = [(n, bi) for n in part_counts for bi in modes]
+    caches = {"bf16": [False], "fp8": [True], "both": [False, True]}[args.cache]
+    # The timed variants: (num_parts, batch_invariant, fp8 cache), all in turn in one process when
+    # several.
+    variants = [(n, bi, fp8) for n in part_counts for bi in modes for fp8 in caches]
 
     rng = np.random.default_rng(1234)
     rows = []
@@ -218,12 +228,12 @@ def main() -> int:
             return
         with open(args.json, "w") as f:
             json.dump(dict(device_kind=device_kind, jax_version=jax.__version__, argv=sys.argv[1:],
-                           copy_gbps=copy_gbps, matmul_tflops=mm_tflops, kernel=args.kernel, fp8=args.fp8,
+                           copy_gbps=copy_gbps, matmul_tflops=mm_tflops, kernel=args.kernel, cache=args.cache,
                            partial=partial,
                            kernel_info={k: list(v) if isinstance(v, tuple) else v for k, v in info.items()},
                            rows=rows), f, indent=1)
 
-    def finish_row(cfg: Config, r: dict) -> None:
+    def finish_row(cfg: Config, r: dict, kv_row_bytes: int) -> None:
         r["gbps"] = cfg.bytes(kv_row_bytes) / (r["us"] * 1e-6) / 1e9
         r["tflops"] = cfg.flops() / (r["us"] * 1e-6) / 1e12
         r["pct_bw"] = 100 * r["gbps"] / copy_gbps
@@ -233,21 +243,30 @@ def main() -> int:
         print(f"# {r['name']:<26} {r['impl']:<18} {r['us']:9.1f} us  {r['pct_bw']:5.1f}% copy  "
               f"err {r['rel_err']:.2e}{graph}", flush=True)
 
-    kv_row_bytes = 656 if args.fp8 else 2 * 576
+    def row_bytes(fp8: bool) -> int:
+        return 656 if fp8 else 2 * 576
+
     named = args.only.split(",") if args.only else []
     for cfg in CONFIGS + [c for c in EXTRA_CONFIGS if c.name in named]:
         if args.only and not any(o and o in cfg.name for o in named):
             continue
-        kv_bytes = float(cfg.seq_lens().sum()) * kv_row_bytes
+        kv_bytes = float(cfg.seq_lens().sum()) * row_bytes(caches[0])
         num_sets = max(2, min(16, math.ceil(4 * L2_BYTES / kv_bytes)))
         calls = max(num_sets, cfg.calls_per_step(copy_gbps, mm_tflops, hi=64))
-        q, cache, tables, seq_lens = build_inputs(cfg, rng, jnp, np, num_sets, calls, args.l2_resident, args.fp8)
+        q, cache, tables, seq_lens = build_inputs(cfg, rng, jnp, np, num_sets, calls, args.l2_resident,
+                                                  caches == [True])
+        # (bf16 cache, FP8 cache): the FP8 one packs the same rows; None where not timed.
+        cache_of = [cache if caches == [False] or len(caches) == 2 else None,
+                    cache if caches == [True] else None]
+        if len(caches) == 2:
+            cache_of[1] = jax.jit(jax_mla.pack_fp8_kv)(cache.astype(jnp.float32))
 
         def mode_kw(bi):
             return dict(batch_invariant=True, invariant_chunk=args.invariant_chunk) if bi else {}
 
-        def make_step(op, num_parts, bi=False):
-            def step(q, cache, tables, seq_lens):
+        def make_step(op, num_parts, bi=False, fp8=False):
+            def step(q, cache_bf16, cache_fp8, tables, seq_lens):
+                cache = cache_fp8 if fp8 else cache_bf16
                 # One split-KV plan per step, shared by every call, as a model's layers share it
                 # (and as FlashMLA's benchmark plans its metadata once): the scheduler is not timed
                 # per call unless --schedule-per-call.
@@ -266,49 +285,57 @@ def main() -> int:
 
         op = lambda q, c, t, s, sched=None, bi=False: jax_mla.mla_decode(  # noqa: E731
             q, c, t, s, causal=cfg.causal, schedule=sched, kernel=args.kernel, **mode_kw(bi))
-        # Sanity: one call against the reference (a benchmark of a wrong kernel is worthless).
-        ref, _ = reference.mla_decode_reference(q, cache, tables[0], seq_lens, causal=cfg.causal,
-                                                out_dtype=jnp.float32)
-        err = 0.0
-        for bi in modes:
-            out = jax.jit(lambda *a, bi=bi: op(*a, None, bi))(q, cache, tables[0], seq_lens)
-            err = max(err, float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref)))
+        # Sanity: one call against the reference on each cache (a benchmark of a wrong kernel is
+        # worthless; the FP8 one's reference reads the dequantized rows).
+        err = {}
+        for fp8 in caches:
+            c = cache_of[fp8]
+            ref, _ = reference.mla_decode_reference(q, c, tables[0], seq_lens, causal=cfg.causal,
+                                                    out_dtype=jnp.float32)
+            err[fp8] = 0.0
+            for bi in modes:
+                out = jax.jit(lambda *a, bi=bi: op(*a, None, bi))(q, c, tables[0], seq_lens)
+                err[fp8] = max(err[fp8], float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref)))
+            del ref
         impl = "jax_mla" if args.kernel == "auto" else f"jax_mla[{args.kernel}]"
-        impl += "[fp8]" if args.fp8 else ""
+        step_args = (q, cache_of[0], cache_of[1], tables, seq_lens)
         before = _decode_stats(jax_mla, backend)
         if len(variants) == 1:
-            times = [time_step(make_step(op, *variants[0]), (q, cache, tables, seq_lens), args.repeats, calls)]
+            times = [time_step(make_step(op, *variants[0]), step_args, args.repeats, calls)]
         else:
             # One jitted step per variant (each records its own CUDA graph), timed in turn.
-            steps = [make_step(op, n, bi) for n, bi in variants]
-            times = time_steps_interleaved(steps, (q, cache, tables, seq_lens), args.repeats, calls)
+            steps = [make_step(op, n, bi, fp8) for n, bi, fp8 in variants]
+            times = time_steps_interleaved(steps, step_args, args.repeats, calls)
         after = _decode_stats(jax_mla, backend)
-        for (num_parts, bi), us in zip(variants, times):
+        for (num_parts, bi, fp8), us in zip(variants, times):
             # Decode calls of this config that ran the handler (all variants together), and how many of
             # those were traced into a CUDA graph (replays of a recorded graph do not run the handler).
-            tag = ((f"/p{num_parts}" if num_parts else "") + ("/bi" if bi else "")
+            tag = (("[fp8]" if fp8 else "") + (f"/p{num_parts}" if num_parts else "") + ("/bi" if bi else "")
                    + ("/l2res" if args.l2_resident else ""))
-            row = dict(name=cfg.name, impl=impl + tag, kernel=args.kernel, num_parts=num_parts, us=us, rel_err=err,
+            row = dict(name=cfg.name, impl=impl + tag, kernel=args.kernel, num_parts=num_parts, us=us, rel_err=err[fp8],
+                       fp8_cache=fp8,
                        calls=calls, sets=num_sets, l2_resident=args.l2_resident, interleaved=len(variants) > 1,
                        batch_invariant=bi, invariant_chunk=args.invariant_chunk if bi else None)
             if before is not None:
                 row.update(handler_calls=after[0] - before[0], traced_calls=after[1] - before[1])
-            finish_row(cfg, row)
+            finish_row(cfg, row, row_bytes(fp8))
             rows.append(row)
         if args.xla:
             xla_op = lambda q, c, t, s: reference.mla_decode_reference(q, c, t, s, causal=cfg.causal)[0]  # noqa
             xcalls = max(2, calls // 8)
+            xcache = cache_of[caches[0]]  # the first timed cache's format
             def xstep(q, cache, tables, seq_lens, xcalls=xcalls):
                 acc = jnp.zeros((), jnp.float32)
                 for i in range(xcalls):
                     acc = acc + xla_op(q, cache, tables[i], seq_lens)[0, 0, 0, i].astype(jnp.float32)
                 return acc
-            xus = time_step(jax.jit(xstep), (q, cache, tables, seq_lens), 3, xcalls)
-            xrow = dict(name=cfg.name, impl="plain-xla", us=xus, rel_err=float("nan"), calls=xcalls, sets=num_sets)
-            finish_row(cfg, xrow)
+            xus = time_step(jax.jit(xstep), (q, xcache, tables, seq_lens), 3, xcalls)
+            xrow = dict(name=cfg.name, impl="plain-xla" + ("[fp8]" if caches[0] else ""), us=xus,
+                        rel_err=float("nan"), calls=xcalls, sets=num_sets)
+            finish_row(cfg, xrow, row_bytes(caches[0]))
             rows.append(xrow)
         dump_json(partial=True)
-        del q, cache, tables, seq_lens
+        del q, cache, cache_of, step_args, tables, seq_lens
 
     print()
     print(f"{'config':<26} {'impl':<18} {'us':>8} {'GB/s':>7} {'TFLOP/s':>8} {'%copy':>6} {'%mm':>5} "
