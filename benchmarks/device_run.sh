@@ -2,12 +2,14 @@
 # One full call on the GPU machine (the `device` tool's H200): install jax_mla, run the GPU tests,
 # the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
-#   bash benchmarks/device_run.sh [all|tests|bench|sanitize|ncu|ab|ncusrc|xladump|tmabw|raceprobe|stats|peers|peersncu|sparse|multigpu]...   (default: tests bench; run in that order)
+#   bash benchmarks/device_run.sh [all|tests|bench|fp8|sanitize|ncu|ab|ncusrc|xladump|tmabw|raceprobe|stats|peers|peersncu|sparse|multigpu]...   (default: tests bench; run in that order)
 # Environment: AB_WHEELS (other wheels to install for A/B variants, below), TESTS_TIMEOUT, BENCH_TIMEOUT (default 420 s: the full benchmark with --xla took more than
 # 240 s on an H200; its JSON is written after every config, so a cut keeps the finished rows), BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
 # SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
 # spaces, given beside the tests/ folder: a file named here adds to it, it does not narrow the run; --ignore=PATH drops one; a -k expression must be one word; TESTS_K is passed whole as one -k expression), BENCH_TAG (results file bench-TAG.json, for several
 # benchmark runs in one call), NCU_CONFIGS (benchmark configs to profile, default: the two low-latency ones and b128/4K).
+# fp8: the FP8 cache against the bf16 one, in turn in one process (bench_decode.py --cache both,
+# issue #36); FP8_ARGS (e.g. "--only b64_sq1_h16,b1_"), FP8_TIMEOUT (default 420 s).
 # sparse: jax_mla.mla_decode_sparse against FlashMLA's SM90 sparse FP8 decode (issue #37,
 # benchmarks/bench_sparse.py; carry .peers/lib/flashmla_sparse.so and .peers/lib/PINS, or .peers/src
 # to build it here); SPARSE_ARGS (e.g. "--only h128 --attn-sink"), SPARSE_TIMEOUT (default 540 s).
@@ -180,6 +182,17 @@ for name in names:
         cells.append(f"{row['us']['jax_mla']:8.1f} ({row['us']['jax_mla'] / row['us']['flashmla']:.3f})" if row else " " * 16)
     print(f"{name:<26} " + "  ".join(cells))
 PYEOF
+}
+
+# The FP8 cache against the bf16 cache of the same rows, in turn in one process (issue #36).
+run_fp8() {
+  echo "== FP8 cache against bf16 (bench_decode.py --cache both)"
+  local name; name=$(fresh_name fp8)
+  clock_probe_start fp8
+  timeout "${FP8_TIMEOUT:-420}" python3 benchmarks/bench_decode.py --cache both ${FP8_ARGS:-} --json "$OUT/$name.json" 2>&1 |
+    tee "$OUT/$name.log" | grep -v "^#" | tail -26
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  clock_probe_report fp8
 }
 
 # jax_mla's sparse decode against FlashMLA's SM90 sparse FP8 decode in one process
@@ -433,6 +446,7 @@ for step in "${steps[@]}"; do
     peers) run_peers ;;
     peersncu) run_peersncu ;;
     sparse) run_sparse ;;
+    fp8) run_fp8 ;;
     multigpu) run_multigpu ;;
     all) run_tests; run_bench; run_sanitize ;;
     *) echo "unknown step $step"; status=1 ;;
