@@ -292,10 +292,12 @@ struct BoxRingBarriers {
   // consumer.
   uint64_t empty[kNumSlots];
 
-  // Called by one thread before any use; the caller fences and syncs afterwards.
-  __device__ __forceinline__ void init(int num_consumers) {
+  // Called by one thread before any use; the caller fences and syncs afterwards. full_arrivals:
+  // arrivals that complete a box besides its TMA bytes (1: the producer's expect_tx; SM90's FP8
+  // path: one per dequantizing warp).
+  __device__ __forceinline__ void init(int num_consumers, int full_arrivals = 1) {
     for (int s = 0; s < kNumSlots; ++s) {
-      ptx::mbarrier_init(&full[s], 1);
+      ptx::mbarrier_init(&full[s], full_arrivals);
       ptx::mbarrier_init(&empty[s], num_consumers);
     }
   }

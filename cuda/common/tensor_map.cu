@@ -22,17 +22,20 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn(const char** error) {
   return fn;
 }
 
-// A tiled 16-bit tensor map with the 128-byte swizzle; `what` names the view in the error.
-bool encode_tiled(CUtensorMap* map, const void* base, DType dtype, cuuint32_t rank, const cuuint64_t* dims,
-                  const cuuint64_t* strides, const cuuint32_t* box, const char* what, const char** error) {
+CUtensorMapDataType type_of(DType dtype) {
+  return dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+
+// A tiled tensor map; `what` names the view in the error.
+bool encode_tiled(CUtensorMap* map, const void* base, CUtensorMapDataType type, CUtensorMapSwizzle swizzle,
+                  cuuint32_t rank, const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                  const char* what, const char** error) {
   auto fn = encode_fn(error);
   if (!fn) return false;
   const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUtensorMapDataType type =
-      dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult r = fn(map, type, rank, const_cast<void*>(base), dims, strides, box, elem_strides,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     *error = what;
     return false;
@@ -47,7 +50,7 @@ bool make_tensor_map_2d(CUtensorMap* map, const void* base, DType dtype, uint64_
   const cuuint64_t dims[2] = {cols, rows};               // innermost first
   const cuuint64_t strides[1] = {row_stride_elems * 2};  // bytes, for dimension 1
   const cuuint32_t box[2] = {box_cols, box_rows};
-  return encode_tiled(map, base, dtype, 2, dims, strides, box,
+  return encode_tiled(map, base, type_of(dtype), CU_TENSOR_MAP_SWIZZLE_128B, 2, dims, strides, box,
                       "cuTensorMapEncodeTiled rejected the tensor (alignment or size)", error);
 }
 
@@ -56,9 +59,18 @@ bool make_tensor_map_col_boxes(CUtensorMap* map, const void* base, DType dtype, 
   const cuuint64_t dims[3] = {64, rows, cols / 64};               // innermost first
   const cuuint64_t strides[2] = {row_stride_elems * 2, 64 * 2};  // bytes, for dimensions 1 and 2
   const cuuint32_t box[3] = {64, box_rows, boxes};
-  return encode_tiled(map, base, dtype, 3, dims, strides, box,
+  return encode_tiled(map, base, type_of(dtype), CU_TENSOR_MAP_SWIZZLE_128B, 3, dims, strides, box,
                       "cuTensorMapEncodeTiled rejected the 3-D column-box view (stride order, alignment or size)",
                       error);
+}
+
+bool make_tensor_map_bytes(CUtensorMap* map, const void* base, uint64_t rows, uint64_t row_bytes, uint32_t box_rows,
+                           uint32_t box_bytes, const char** error) {
+  const cuuint64_t dims[2] = {row_bytes, rows};  // innermost first
+  const cuuint64_t strides[1] = {row_bytes};
+  const cuuint32_t box[2] = {box_bytes, box_rows};
+  return encode_tiled(map, base, CU_TENSOR_MAP_DATA_TYPE_UINT8, CU_TENSOR_MAP_SWIZZLE_NONE, 2, dims, strides, box,
+                      "cuTensorMapEncodeTiled rejected the byte view of the cache (alignment or size)", error);
 }
 
 }  // namespace jax_mla

@@ -24,9 +24,8 @@
 #pragma once
 
 #include <cstdint>
-#include <cuda_fp8.h>
-#include <type_traits>
 
+#include "../common/fp8_convert.cuh"
 #include "../common/problem.h"
 #include "../common/row_math.cuh"
 #include "../common/work_iterator.h"
@@ -143,28 +142,11 @@ struct KvLoader {
       const int col = box * kBoxCols + chunk_elems;
       const float scale = *reinterpret_cast<const float*>(raw + kFp8ScalesOffset + 4 * (col / kFp8TileCols));
       const uint2 e4m3 = *reinterpret_cast<const uint2*>(raw + col);  // 8 values, 8-byte aligned
-      uint4 out;
-      uint32_t* w = reinterpret_cast<uint32_t*>(&out);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        // Two e4m3 -> two fp16 (exact: every e4m3 value is an fp16 value) -> fp32, times the scale.
-        const uint32_t pair = (i < 2 ? e4m3.x : e4m3.y) >> (16 * (i % 2));
-        const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
-        const float2 f = __half22float2(__half2(h2));
-        w[i] = pack2<Element>(f.x * scale, f.y * scale);
-      }
-      *reinterpret_cast<uint4*>(&s.kv[0][box][row][0] + ((chunk_elems / 8) ^ (row & 7)) * 8) = out;
+      *reinterpret_cast<uint4*>(&s.kv[0][box][row][0] + ((chunk_elems / 8) ^ (row & 7)) * 8) =
+          dequantize_e4m3x8<Element>(e4m3, scale);
     }
     // The RoPE box: 8 bf16 values at bytes kFp8RopeOffset + 16 c, kept (bf16) or rounded (fp16).
-    uint4 rope = *reinterpret_cast<const uint4*>(raw + kFp8RopeOffset + 2 * chunk_elems);
-    if constexpr (std::is_same_v<Element, __half>) {
-      uint32_t* w = reinterpret_cast<uint32_t*>(&rope);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
-        w[i] = pack2<Element>(f.x, f.y);
-      }
-    }
+    const uint4 rope = rope_bf16x8_to<Element>(*reinterpret_cast<const uint4*>(raw + kFp8RopeOffset + 2 * chunk_elems));
     *reinterpret_cast<uint4*>(&s.kv[0][kBoxesV][row][0] + ((chunk_elems / 8) ^ (row & 7)) * 8) = rope;
   }
 

@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "common/launch.h"
 #include "common/tensor_map.h"
 #include "common/workspace.h"
@@ -44,6 +46,8 @@ cudaError_t setup_decode_kernels(int cc_major, int cc_minor) {
   if (e == cudaSuccess && cc_major == 9 && cc_minor == 0) {
     e = sm90::setup_decode<__nv_bfloat16>();
     if (e == cudaSuccess) e = sm90::setup_decode<__half>();
+    if (e == cudaSuccess) e = sm90::setup_decode<__nv_bfloat16, KvFormat::kFp8>();
+    if (e == cudaSuccess) e = sm90::setup_decode<__half, KvFormat::kFp8>();
   }
 #endif
   (void)cc_minor;
@@ -64,11 +68,30 @@ namespace {
 
 // The TMA descriptors of the SM90 / SM100 kernels: (b * s_q * h_q, 576) for Q in boxes of
 // (64, 64); (num_pages * page_size, 576) for the cache in boxes of (min(page_size, 64), 64).
-bool make_decode_maps(const DecodeProblem& p, CUtensorMap* q_map, CUtensorMap* kv_map, const char** error) {
+bool make_q_map(const DecodeProblem& p, CUtensorMap* q_map, const char** error) {
   return make_tensor_map_2d(q_map, p.q, p.dtype, static_cast<uint64_t>(p.batch) * p.rows, kHeadDimQK, kHeadDimQK,
-                            kBlockM, 64, error) &&
+                            kBlockM, 64, error);
+}
+
+uint32_t kv_box_rows(const DecodeProblem& p) { return p.page_size < kBlockN ? p.page_size : kBlockN; }
+
+bool make_decode_maps(const DecodeProblem& p, CUtensorMap* q_map, CUtensorMap* kv_map, const char** error) {
+  return make_q_map(p, q_map, error) &&
          make_tensor_map_2d(kv_map, p.kv_cache, p.dtype, static_cast<uint64_t>(p.num_pages) * p.page_size,
-                            kHeadDimQK, kHeadDimQK, p.page_size < kBlockN ? p.page_size : kBlockN, 64, error);
+                            kHeadDimQK, kHeadDimQK, kv_box_rows(p), 64, error);
+}
+
+// The SM90 kernel's views of an FP8 cache (sm90/launch.h): the e4m3 bytes in boxes of (rows, 128),
+// the RoPE values as bf16 (328 a row, 64 from column 264) with the 128-byte swizzle, the scales in
+// boxes of (rows, 16) bytes.
+bool make_fp8_maps(const DecodeProblem& p, CUtensorMap* q_map, CUtensorMap* bytes_map, CUtensorMap* rope_map,
+                   CUtensorMap* scale_map, const char** error) {
+  const uint64_t tokens = static_cast<uint64_t>(p.num_pages) * p.page_size;
+  return make_q_map(p, q_map, error) &&
+         make_tensor_map_bytes(bytes_map, p.kv_cache, tokens, kFp8RowBytes, kv_box_rows(p), kFp8TileCols, error) &&
+         make_tensor_map_2d(rope_map, p.kv_cache, DType::kBF16, tokens, kFp8RowBytes / 2, kFp8RowBytes / 2,
+                            kv_box_rows(p), 64, error) &&
+         make_tensor_map_bytes(scale_map, p.kv_cache, tokens, kFp8RowBytes, kv_box_rows(p), 4 * kFp8Tiles, error);
 }
 
 }  // namespace
@@ -83,8 +106,10 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeProblem p, int sm_count, 
     st.what = "an FP8 kv_cache reaches only kernels that read it (kernel_select.h kReadsFp8Cache)";
     return st;
   }
-  CUtensorMap q_map, kv_map, kv_group_map;
-  if (kernel == Kernel::kSm90 || kernel == Kernel::kSm100) {
+  CUtensorMap q_map, kv_map, kv_group_map, kv_scale_map;
+  if (kernel == Kernel::kSm90 && fp8) {
+    if (!make_fp8_maps(p, &q_map, &kv_map, &kv_group_map, &kv_scale_map, &st.what)) return st;
+  } else if (kernel == Kernel::kSm90 || kernel == Kernel::kSm100) {
     if (!make_decode_maps(p, &q_map, &kv_map, &st.what)) return st;  // what = the driver's reason
     // SM90's grouped copies (kv_producer.cuh kBoxesPerGroup): the column-box view, pages of >= 64
     // tokens only (the kernel uses it only then); otherwise a copy of kv_map stands in, unused.
@@ -94,6 +119,7 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeProblem p, int sm_count, 
                                    kHeadDimQK, kHeadDimQK, kBlockN, kBoxesPerGroup, &st.what)) {
       return st;
     }
+    kv_scale_map = kv_map;  // unused
   }
   // The SM90 kernel merges split requests itself where its grid fits at once and the caller gave
   // the arrival counters (sm90/split_merge.cuh): they start at zero, and no combine kernel follows.
@@ -129,9 +155,17 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeProblem p, int sm_count, 
   switch (kernel) {
     case Kernel::kSm90:
 #ifdef JAX_MLA_HAVE_SM90
-      st.error = bf16
-                     ? sm90::launch_decode<__nv_bfloat16>(p, sm90_plan, q_map, kv_map, kv_group_map, stream, watchdog)
-                     : sm90::launch_decode<__half>(p, sm90_plan, q_map, kv_map, kv_group_map, stream, watchdog);
+    {
+      const auto launch = [&](auto format) {
+        constexpr KvFormat kFormat = decltype(format)::value;
+        return bf16 ? sm90::launch_decode<__nv_bfloat16, kFormat>(p, sm90_plan, q_map, kv_map, kv_group_map,
+                                                                  kv_scale_map, stream, watchdog)
+                    : sm90::launch_decode<__half, kFormat>(p, sm90_plan, q_map, kv_map, kv_group_map, kv_scale_map,
+                                                           stream, watchdog);
+      };
+      st.error = fp8 ? launch(std::integral_constant<KvFormat, KvFormat::kFp8>{})
+                     : launch(std::integral_constant<KvFormat, KvFormat::kDense>{});
+    }
 #else
       st.error = cudaErrorInvalidDeviceFunction;
 #endif

@@ -47,9 +47,10 @@ inline std::string kernel_attr_error(int32_t value) {
 // entry is unused). The extension exports the names of those that do as _ext.FP8_KERNELS, from which
 // jax_mla/_validate.py refuses at trace time what select_kernel refuses here. A kernel that does not
 // read the format must never see such a cache: it would take the 656-byte rows for 576 16-bit values.
-// The portable kernel's FP8 instantiations (portable/instantiations/*_fp8.cu) passed
-// tests/gpu/test_gpu_fp8.py and memcheck on an H100 (2026-12-07); auto takes them on every GPU.
-inline constexpr bool kReadsFp8Cache[kNumKernels] = {false, /*sm90*/ false, /*sm100*/ false, /*portable*/ true};
+// The portable kernel's FP8 instantiations (portable/instantiations/*_fp8.cu) and the SM90 kernel's
+// (sm90/instantiations/*_fp8.cu, sm90/fp8_tiles.cuh) read it; auto takes SM90 on 9.0, portable
+// elsewhere (SM100 does not read it yet).
+inline constexpr bool kReadsFp8Cache[kNumKernels] = {false, /*sm90*/ true, /*sm100*/ false, /*portable*/ true};
 inline bool reads_fp8_cache(Kernel k) { return kReadsFp8Cache[static_cast<int32_t>(k)]; }
 
 // "kernels that read it: 'portable'" (or that none does yet), for the FP8 refusals.

@@ -7,21 +7,21 @@
 
 namespace jax_mla::sm90 {
 
-template <typename Element>
+template <typename Element, KvFormat kFormat>
 cudaError_t setup_decode() {
-  cudaError_t e = cudaFuncSetAttribute(decode_kernel<Element, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       kSmemBytes<Element>);
+  cudaError_t e = cudaFuncSetAttribute(decode_kernel<Element, false, kFormat>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<Element>);
   if (e == cudaSuccess) {
-    e = cudaFuncSetAttribute(decode_kernel<Element, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    e = cudaFuncSetAttribute(decode_kernel<Element, true, kFormat>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              kSmemBytes<Element>);
   }
   return e;
 }
 
-template <typename Element>
+template <typename Element, KvFormat kFormat>
 cudaError_t launch_decode(const DecodeProblem& p, const LaunchPlan& plan, const CUtensorMap& q_map,
-                          const CUtensorMap& kv_map, const CUtensorMap& kv_group_map, cudaStream_t stream,
-                          const WatchdogParams* watchdog) {
+                          const CUtensorMap& kv_map, const CUtensorMap& kv_group_map,
+                          const CUtensorMap& kv_scale_map, cudaStream_t stream, const WatchdogParams* watchdog) {
   // Row blocks first: the row blocks of one part, which read the same KV tiles, get consecutive CTA ids
   // (decode_kernel.cuh).
   const dim3 grid(num_row_blocks(p.rows), p.num_parts);
@@ -29,10 +29,11 @@ cudaError_t launch_decode(const DecodeProblem& p, const LaunchPlan& plan, const 
   const cudaLaunchConfig_t cfg = pdl_launch_config(grid, dim3(kThreads), kSmemBytes<Element>, stream, &attr);
   if (watchdog != nullptr) {
     if (plan.fused_merge) return cudaErrorInvalidValue;  // the watchdog instantiation never merges
-    return cudaLaunchKernelEx(&cfg, decode_kernel<Element, true>, p, plan, q_map, kv_map, kv_group_map, *watchdog);
+    return cudaLaunchKernelEx(&cfg, decode_kernel<Element, true, kFormat>, p, plan, q_map, kv_map, kv_group_map,
+                              kv_scale_map, *watchdog);
   }
-  return cudaLaunchKernelEx(&cfg, decode_kernel<Element, false>, p, plan, q_map, kv_map, kv_group_map,
-                            WatchdogParams{});
+  return cudaLaunchKernelEx(&cfg, decode_kernel<Element, false, kFormat>, p, plan, q_map, kv_map, kv_group_map,
+                            kv_scale_map, WatchdogParams{});
 }
 
 }  // namespace jax_mla::sm90

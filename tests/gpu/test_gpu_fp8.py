@@ -1,4 +1,5 @@
-"""mla_decode over an FP8 cache (uint8 rows of 656 bytes) on a GPU: the portable kernel reads it.
+"""mla_decode over an FP8 cache (uint8 rows of 656 bytes) on a GPU: the SM90 kernel (on 9.0) and the
+portable kernel (on every GPU) read it.
 
 Every test here is marked `gpu` (skipped without a GPU, a failure with JAX_MLA_REQUIRE_GPU=1):
 
@@ -7,8 +8,9 @@ Every test here is marked `gpu` (skipped without a GPU, a failure with JAX_MLA_R
 What is checked:
   - against float64 on the dequantized cache (cases.make_fp8 / cases.brute_force) with the GPU
     kernels' tolerance (relative L2 1e-2 for out, 1e-3 for lse: P is rounded to 16 bits for P V),
-    for kernel="auto" (which takes the portable kernel for FP8 on every GPU today) and "portable";
-  - bit for bit against the portable kernel over unpack_fp8_kv(cache, q's dtype): the kernel
+    for kernel="auto" (SM90 on 9.0, else portable) and every kernel that reads the format on this
+    device (READERS);
+  - bit for bit, per reader, against the same kernel over unpack_fp8_kv(cache, q's dtype): each
     dequantizes into q's dtype in shared memory exactly as unpack_fp8_kv does, then runs the
     16-bit path's tensor-core, softmax and epilogue code unchanged;
   - the kernels that do not read the format refuse it with an error naming them, at trace time
@@ -35,6 +37,20 @@ pytestmark = pytest.mark.gpu
 needs_reader = pytest.mark.skipif(not cases.gpu_fp8_reader(), reason=cases.NO_GPU_FP8_READER)
 
 PAGE_SIZES = (16, 32, 64, 128, 256)
+
+
+def fp8_readers() -> list[str]:
+    """The kernels that read the FP8 cache and run on this device (SM90: compute capability 9.0)."""
+    readers = set(jax_mla._validate.FP8_KERNELS)
+    try:
+        cc = jax.devices("gpu")[0].compute_capability
+    except RuntimeError:  # no GPU: the tests are skipped, the ids stay
+        cc = None
+    return [k for k in ("sm90", "portable") if k in readers and (k != "sm90" or cc == "9.0")]
+
+
+READERS = fp8_readers()
+NON_READERS = [k for k in ("sm90", "sm100") if k not in jax_mla._validate.FP8_KERNELS]
 
 
 def edge_cases() -> list[cases.Case]:
@@ -108,7 +124,7 @@ def check(data, out, lse, ref):
 
 
 @needs_reader
-@pytest.mark.parametrize("kernel", ["auto", "portable"])
+@pytest.mark.parametrize("kernel", ["auto"] + READERS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_fp8_matches_float64_on_the_dequantized_cache(case, kernel):
     data, ref = prepared(case)
@@ -123,11 +139,12 @@ def test_fp8_large(case):
 
 
 @needs_reader
+@pytest.mark.parametrize("kernel", READERS)
 @pytest.mark.parametrize("case", CASES[::3] + LARGE[:1], ids=lambda c: c.id)
-def test_fp8_is_bit_identical_to_the_dequantized_16bit_cache(case):
+def test_fp8_is_bit_identical_to_the_dequantized_16bit_cache(case, kernel):
     data = cases.make_fp8(case)
-    fp8 = run_gpu(data, kernel="portable")
-    dense = run_gpu(data, kv_cache=dequantized(data), kernel="portable")
+    fp8 = run_gpu(data, kernel=kernel)
+    dense = run_gpu(data, kv_cache=dequantized(data), kernel=kernel)
     for a, b in zip(fp8, dense):
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
@@ -135,7 +152,7 @@ def test_fp8_is_bit_identical_to_the_dequantized_16bit_cache(case):
 @needs_reader
 def test_kernel_info_names_the_fp8_kernel():
     info = jax_mla.kernel_info()
-    assert info["fp8_kernel"] == "portable", info
+    assert info["fp8_kernel"] == READERS[0], info
     assert "portable" in jax_mla._validate.FP8_KERNELS
 
 
@@ -148,7 +165,7 @@ def test_auto_refuses_fp8_while_no_kernel_reads_it():
         run_gpu(data, kernel="auto")
 
 
-@pytest.mark.parametrize("kernel", ["sm90", "sm100"])
+@pytest.mark.parametrize("kernel", NON_READERS)
 def test_kernels_that_do_not_read_fp8_refuse_it(kernel):
     data = cases.make_fp8(cases.Case(lens=(5, 70), h_q=16, page_size=64, seed=36800))
     with pytest.raises(ValueError, match=f"kernel '{kernel}' does not read an FP8 kv_cache"):
@@ -156,8 +173,9 @@ def test_kernels_that_do_not_read_fp8_refuse_it(kernel):
 
 
 def test_env_kernel_that_does_not_read_fp8_is_refused_by_the_handler(tmp_path):
-    """JAX_MLA_KERNEL=sm90 picks the kernel in the handler, past the trace-time check: the handler
-    refuses the FP8 cache there, naming the kernel and the variable."""
+    """JAX_MLA_KERNEL=sm100 picks the kernel in the handler, past the trace-time check: the handler
+    refuses the FP8 cache there (that kernel does not read it, or not on this device), naming the
+    kernel and the variable."""
     script = (
         "import jax, numpy as np, jax_mla\n"
         "kv = np.zeros((4, 64, 656), np.uint8)\n"
@@ -169,7 +187,7 @@ def test_env_kernel_that_does_not_read_fp8_is_refused_by_the_handler(tmp_path):
         "else:\n"
         "    print('RAN')\n")
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
-    env["JAX_MLA_KERNEL"] = "sm90"
+    env["JAX_MLA_KERNEL"] = "sm100"
     proc = subprocess.run([sys.executable, "-P", "-c", script], cwd=str(tmp_path), env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
