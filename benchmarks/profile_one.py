@@ -4,6 +4,7 @@
       python3 benchmarks/profile_one.py b128_sq1_h128_4k
 
 PROFILE_NUM_PARTS=N plans the split-KV schedule with N parts (decode_schedule) instead of the default.
+PROFILE_CACHE=fp8 runs over the FP8 cache of the same rows (pack_fp8_kv) instead of the bf16 one.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def main() -> int:
     name = sys.argv[1] if len(sys.argv) > 1 else "b128_sq1_h128_4k"
     cfg = configs.find(name)
     q, cache, tables, seq_lens = build_inputs(cfg, np.random.default_rng(0), jax.numpy, np, 2, 2)
+    if os.environ.get("PROFILE_CACHE", "bf16") == "fp8":
+        cache = jax_mla.pack_fp8_kv(cache)
     parts = int(os.environ.get("PROFILE_NUM_PARTS", "0"))  # 0: the op plans with the default part count
 
     def step(q, c, t, s):

@@ -73,10 +73,12 @@ struct KVPipelineBarriers {
   uint64_t full[kNumStages][kKvBoxesQK];  // producer -> consumers, one per box, completed by TMA bytes
   uint64_t empty[kNumStages];             // consumers -> producer, kNumConsumers arrivals
 
-  // Called by one thread before any use; the caller fences and syncs afterwards.
-  __device__ __forceinline__ void init(int num_consumers) {
+  // Called by one thread before any use; the caller fences and syncs afterwards. full_arrivals:
+  // arrivals that complete a box besides its TMA bytes (1: the producer's expect_tx; SM100's FP8
+  // path: one per dequantizing warp, as BoxRingBarriers::init).
+  __device__ __forceinline__ void init(int num_consumers, int full_arrivals = 1) {
     for (int s = 0; s < kNumStages; ++s) {
-      for (int b = 0; b < kKvBoxesQK; ++b) ptx::mbarrier_init(&full[s][b], 1);
+      for (int b = 0; b < kKvBoxesQK; ++b) ptx::mbarrier_init(&full[s][b], full_arrivals);
       ptx::mbarrier_init(&empty[s], num_consumers);
     }
   }

@@ -28,7 +28,7 @@ bool make_tensor_map_col_boxes(CUtensorMap* map, const void* base, DType dtype, 
 
 // A 2-D tensor of bytes, (rows, row_bytes) with rows row_bytes apart (a multiple of 16), read in
 // boxes of (box_rows, box_bytes) laid out row after row in shared memory, without swizzle (the
-// destination must then be 128-byte aligned). The FP8 cache's e4m3 values and scales (SM90).
+// destination must then be 128-byte aligned). The FP8 cache's e4m3 values and scales (SM90, SM100).
 bool make_tensor_map_bytes(CUtensorMap* map, const void* base, uint64_t rows, uint64_t row_bytes, uint32_t box_rows,
                            uint32_t box_bytes, const char** error);
 

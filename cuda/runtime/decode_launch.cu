@@ -11,8 +11,9 @@
 #include "common/workspace.h"
 #include "portable/launch.h"
 #include "sm90/launch.h"
-// The SM100 kernel (cuda/sm100, sm100/launch.h): setup_decode<Element>() and
-// launch_decode<Element>(p, q_map, kv_map, stream), on the same TMA descriptors as SM90's.
+// The SM100 kernel (cuda/sm100, sm100/launch.h): setup_decode<Element, KvFormat>() and
+// launch_decode<Element, KvFormat>(p, q_map, kv_map, kv_rope_map, kv_scale_map, stream), on the same
+// TMA descriptors as SM90's (an FP8 cache's views included).
 // JAX_MLA_HAVE_SM100 / JAX_MLA_HAVE_SM103 are defined by the build when it compiles cuda/sm100 for
 // sm_100a / sm_103a; without them kernel="sm100" is "not in this build".
 #if defined(JAX_MLA_HAVE_SM100) || defined(JAX_MLA_HAVE_SM103)
@@ -58,6 +59,8 @@ cudaError_t setup_sm100_kernel() {
 #ifdef JAX_MLA_ANY_SM100
   cudaError_t e = sm100::setup_decode<__nv_bfloat16>();
   if (e == cudaSuccess) e = sm100::setup_decode<__half>();
+  if (e == cudaSuccess) e = sm100::setup_decode<__nv_bfloat16, KvFormat::kFp8>();
+  if (e == cudaSuccess) e = sm100::setup_decode<__half, KvFormat::kFp8>();
   return e;
 #else
   return cudaErrorInvalidDeviceFunction;
@@ -81,9 +84,9 @@ bool make_decode_maps(const DecodeProblem& p, CUtensorMap* q_map, CUtensorMap* k
                             kHeadDimQK, kHeadDimQK, kv_box_rows(p), 64, error);
 }
 
-// The SM90 kernel's views of an FP8 cache (sm90/launch.h): the e4m3 bytes in boxes of (rows, 128),
-// the RoPE values as bf16 (328 a row, 64 from column 264) with the 128-byte swizzle, the scales in
-// boxes of (rows, 16) bytes.
+// The SM90 and SM100 kernels' views of an FP8 cache (sm90/launch.h, sm100/launch.h): the e4m3 bytes
+// in boxes of (rows, 128), the RoPE values as bf16 (328 a row, 64 from column 264) with the 128-byte
+// swizzle, the scales in boxes of (rows, 16) bytes.
 bool make_fp8_maps(const DecodeProblem& p, CUtensorMap* q_map, CUtensorMap* bytes_map, CUtensorMap* rope_map,
                    CUtensorMap* scale_map, const char** error) {
   const uint64_t tokens = static_cast<uint64_t>(p.num_pages) * p.page_size;
@@ -107,7 +110,7 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeProblem p, int sm_count, 
     return st;
   }
   CUtensorMap q_map, kv_map, kv_group_map, kv_scale_map;
-  if (kernel == Kernel::kSm90 && fp8) {
+  if ((kernel == Kernel::kSm90 || kernel == Kernel::kSm100) && fp8) {
     if (!make_fp8_maps(p, &q_map, &kv_map, &kv_group_map, &kv_scale_map, &st.what)) return st;
   } else if (kernel == Kernel::kSm90 || kernel == Kernel::kSm100) {
     if (!make_decode_maps(p, &q_map, &kv_map, &st.what)) return st;  // what = the driver's reason
@@ -172,8 +175,18 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeProblem p, int sm_count, 
       break;
     case Kernel::kSm100:
 #ifdef JAX_MLA_ANY_SM100
-      st.error = bf16 ? sm100::launch_decode<__nv_bfloat16>(p, q_map, kv_map, stream, watchdog)
-                      : sm100::launch_decode<__half>(p, q_map, kv_map, stream, watchdog);
+    {
+      // kv_group_map: the RoPE view of an FP8 cache (unused for a 16-bit one).
+      const auto launch = [&](auto format) {
+        constexpr KvFormat kFormat = decltype(format)::value;
+        return bf16 ? sm100::launch_decode<__nv_bfloat16, kFormat>(p, q_map, kv_map, kv_group_map, kv_scale_map,
+                                                                   stream, watchdog)
+                    : sm100::launch_decode<__half, kFormat>(p, q_map, kv_map, kv_group_map, kv_scale_map, stream,
+                                                            watchdog);
+      };
+      st.error = fp8 ? launch(std::integral_constant<KvFormat, KvFormat::kFp8>{})
+                     : launch(std::integral_constant<KvFormat, KvFormat::kDense>{});
+    }
 #else
       st.error = cudaErrorInvalidDeviceFunction;
 #endif

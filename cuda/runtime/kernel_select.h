@@ -47,10 +47,14 @@ inline std::string kernel_attr_error(int32_t value) {
 // entry is unused). The extension exports the names of those that do as _ext.FP8_KERNELS, from which
 // jax_mla/_validate.py refuses at trace time what select_kernel refuses here. A kernel that does not
 // read the format must never see such a cache: it would take the 656-byte rows for 576 16-bit values.
-// The portable kernel's FP8 instantiations (portable/instantiations/*_fp8.cu) and the SM90 kernel's
-// (sm90/instantiations/*_fp8.cu, sm90/fp8_tiles.cuh) read it; auto takes SM90 on 9.0, portable
-// elsewhere (SM100 does not read it yet).
-inline constexpr bool kReadsFp8Cache[kNumKernels] = {false, /*sm90*/ true, /*sm100*/ false, /*portable*/ true};
+// The portable kernel's FP8 instantiations (portable/instantiations/*_fp8.cu), the SM90 kernel's
+// (sm90/instantiations/*_fp8.cu, sm90/fp8_tiles.cuh) and the SM100 kernel's (sm100/instantiations/
+// *_fp8.cu, sm100/fp8_tiles.cuh) read it. Auto takes SM90 on 9.0 and, on 10.x, SM100 for either
+// format only after it passed its self-check, which for a candidate that reads the FP8 cache runs
+// every case over that cache too (runtime/self_check_cases.h kv_formats); after a failed check,
+// portable for both. Portable elsewhere. The SM100 kernel never ran on hardware: that check is its
+// only gate, for the FP8 cache as for the 16-bit one.
+inline constexpr bool kReadsFp8Cache[kNumKernels] = {false, /*sm90*/ true, /*sm100*/ true, /*portable*/ true};
 inline bool reads_fp8_cache(Kernel k) { return kReadsFp8Cache[static_cast<int32_t>(k)]; }
 
 // "kernels that read it: 'portable'" (or that none does yet), for the FP8 refusals.

@@ -1,14 +1,16 @@
-// See self_check.h. The problems are the cases of runtime/self_check_cases.h (each in bf16 and fp16),
-// run one after the other through the launch path of the execute stage (runtime/decode_launch.h):
-// the candidate's watchdog instantiation first, then the portable kernel, on the same inputs, in one
-// stream-ordered allocation sized for the largest case (a few MB).
+// See self_check.h. The problems are the cases of runtime/self_check_cases.h (each in bf16 and fp16,
+// over the 16-bit cache and, for a candidate that reads it, over the FP8 cache against the portable
+// kernel's FP8 path), run one after the other through the launch path of the execute stage
+// (runtime/decode_launch.h): the candidate's watchdog instantiation first, then the portable kernel,
+// on the same inputs, in one stream-ordered allocation sized for the largest case (a few MB).
 // Criteria, per case: the device computed the schedule the case table names (so the CPU test's
 // coverage claims hold for what ran); the candidate's watchdog did not expire; the same NaN rows
-// (the requests with a bad page id: every out and lse value NaN) and the same empty rows (out
-// exactly 0, lse -inf); everything else finite; out within a relative L2 error of 2e-2 over the
-// case and 5e-2 in every row, lse within 1e-3 (relative, at least absolute) of the portable kernel
-// (both round P to 16 bits; they differ in fp32 summation order and in the reference max P is
-// taken against).
+// (the requests with a bad page id, or over an FP8 cache with a NaN e4m3 byte they read: every out
+// and lse value NaN) and the same empty rows (out exactly 0, lse -inf); everything else finite; out
+// within a relative L2 error of 2e-2 over the case and 5e-2 in every row, lse within 1e-3 (relative,
+// at least absolute) of the portable kernel (both round P to 16 bits; they differ in fp32 summation
+// order and in the reference max P is taken against; over an FP8 cache both dequantize exactly as
+// unpack_fp8_kv, so the same bounds hold).
 #include "runtime/self_check.h"
 
 #include <cuda_runtime.h>
@@ -51,6 +53,7 @@ std::string cuda_failure(const char* what, cudaError_t e) {
 struct RunContext {
   const Case& c;
   DType dtype;
+  KvFormat format;
   const Inputs& in;
   const Layout& at;
   uint8_t* base;  // the allocation
@@ -70,6 +73,7 @@ DecodeProblem problem_of(const RunContext& r) {
   p.max_pages = r.in.max_pages;
   p.num_parts = c.num_parts;
   p.dtype = r.dtype;
+  p.kv_format = r.format;
   p.softmax_scale = self_check::kSoftmaxScale;
   p.causal = c.causal;
   p.q = r.base + r.at.q;
@@ -131,8 +135,8 @@ bool run_one(const RunContext& r, Kernel kernel, const WatchdogParams* watchdog,
   return true;
 }
 
-// Empty string when `got` (candidate) agrees with `want` (portable) on case c.
-std::string compare(const Case& c, const Result& got, const Result& want) {
+// Empty string when `got` (candidate) agrees with `want` (portable) on case c over a cache of format f.
+std::string compare(const Case& c, KvFormat f, const Result& got, const Result& want) {
   double num = 0, den = 0;
   const int rows = c.batch * c.rows();
   for (int row = 0; row < rows; ++row) {
@@ -140,11 +144,12 @@ std::string compare(const Case& c, const Result& got, const Result& want) {
     const float gl = got.lse[row], wl = want.lse[row];
     const float* g = &got.out[static_cast<size_t>(row) * kHeadDimV];
     const float* w = &want.out[static_cast<size_t>(row) * kHeadDimV];
-    if (row / c.rows() == c.bad_request) {  // a bad page id: NaN everywhere, in both
-      if (!std::isnan(wl)) return "the portable kernel's lse is not NaN for a bad page id" + at;
-      if (!std::isnan(gl)) return "lse is not NaN for a bad page id" + at;
+    if (self_check::nan_request(c, f, row / c.rows())) {  // a bad page id or NaN data: NaN everywhere, in both
+      const std::string why = row / c.rows() == c.bad_request ? " for a bad page id" : " for a NaN e4m3 byte";
+      if (!std::isnan(wl)) return "the portable kernel's lse is not NaN" + why + at;
+      if (!std::isnan(gl)) return "lse is not NaN" + why + at;
       for (int col = 0; col < kHeadDimV; ++col) {
-        if (!std::isnan(g[col])) return "out is not NaN for a bad page id" + at;
+        if (!std::isnan(g[col])) return "out is not NaN" + why + at;
       }
       continue;
     }
@@ -172,10 +177,10 @@ std::string compare(const Case& c, const Result& got, const Result& want) {
   return "";
 }
 
-// The first row with a visible key and no bad page id (where the fault mode corrupts the candidate).
-int first_checked_row(const Case& c, const Result& want) {
+// The first row with a visible key and no NaN (where the fault mode corrupts the candidate).
+int first_checked_row(const Case& c, KvFormat f, const Result& want) {
   for (int row = 0; row < c.batch * c.rows(); ++row) {
-    if (row / c.rows() != c.bad_request && std::isfinite(want.lse[row])) return row;
+    if (!self_check::nan_request(c, f, row / c.rows()) && std::isfinite(want.lse[row])) return row;
   }
   return 0;
 }
@@ -188,18 +193,21 @@ struct CheckState {
   SelfCheckReport* report;
 };
 
-std::string check_case(CheckState& s, const Case& c, DType dtype, uint8_t* base, cudaStream_t stream,
-                       cudaEvent_t start, cudaEvent_t stop) {
-  const Inputs in = self_check::make_inputs(c, dtype);
+std::string check_case(CheckState& s, const Case& c, DType dtype, KvFormat format, uint8_t* base,
+                       cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop) {
+  const Inputs in = self_check::make_inputs(c, dtype, format);
   const Layout at = self_check::layout_of(c);
+  const bool fp8 = format == KvFormat::kFp8;
+  const void* kv = fp8 ? static_cast<const void*>(in.kv_fp8.data()) : static_cast<const void*>(in.kv.data());
+  const size_t kv_bytes = fp8 ? in.kv_fp8.size() : in.kv.size() * 2;
   cudaError_t e = cudaMemcpyAsync(base + at.q, in.q.data(), in.q.size() * 2, cudaMemcpyHostToDevice, stream);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(base + at.kv, in.kv.data(), in.kv.size() * 2, cudaMemcpyHostToDevice, stream);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(base + at.kv, kv, kv_bytes, cudaMemcpyHostToDevice, stream);
   if (e == cudaSuccess) {
     e = cudaMemcpyAsync(base + at.table, in.table.data(), in.table.size() * 4, cudaMemcpyHostToDevice, stream);
   }
   if (e == cudaSuccess) e = cudaMemcpyAsync(base + at.lens, in.lens.data(), in.lens.size() * 4, cudaMemcpyHostToDevice, stream);
   if (e != cudaSuccess) return cuda_failure("cudaMemcpyAsync", e);
-  const RunContext run{c, dtype, in, at, base, stream, start, stop};
+  const RunContext run{c, dtype, format, in, at, base, stream, start, stop};
 
   WatchdogParams watchdog;
   watchdog.budget_ns = s.budget_ns;
@@ -223,10 +231,10 @@ std::string check_case(CheckState& s, const Case& c, DType dtype, uint8_t* base,
   if (schedule != self_check::schedule_of(c)) return "the device's schedule differs from the host plan";
   if (!run_one(run, Kernel::kPortable, nullptr, &want, &s.report->device_ms, nullptr, nullptr, &error)) return error;
   if (s.mode == SelfCheckMode::kFault && !s.fault_injected) {
-    got.out[static_cast<size_t>(first_checked_row(c, want)) * kHeadDimV] += 1.f;
+    got.out[static_cast<size_t>(first_checked_row(c, format, want)) * kHeadDimV] += 1.f;
     s.fault_injected = true;
   }
-  return compare(c, got, want);
+  return compare(c, format, got, want);
 }
 
 }  // namespace
@@ -246,14 +254,18 @@ SelfCheckReport run_self_check(Kernel candidate, SelfCheckMode mode, uint64_t wa
   } else if ((e = cudaMallocAsync(reinterpret_cast<void**>(&base), self_check::device_bytes(), stream)) != cudaSuccess) {
     report.detail = cuda_failure("cudaMallocAsync", e);
   } else {
-    for (DType dtype : self_check::kDTypes) {
-      for (const Case& c : self_check::cases()) {
-        const std::string d = check_case(state, c, dtype, base, stream, start, stop);
-        if (!d.empty()) {
-          report.detail = std::string(self_check::dtype_name(dtype)) + ", case '" + c.name + "': " + d;
-          break;
+    for (KvFormat format : self_check::kv_formats(reads_fp8_cache(candidate))) {
+      for (DType dtype : self_check::kDTypes) {
+        for (const Case& c : self_check::cases()) {
+          const std::string d = check_case(state, c, dtype, format, base, stream, start, stop);
+          if (!d.empty()) {
+            report.detail = std::string(self_check::dtype_name(dtype)) +
+                            (format == KvFormat::kFp8 ? " over an FP8 cache" : "") + ", case '" + c.name + "': " + d;
+            break;
+          }
+          ++report.cases;
         }
-        ++report.cases;
+        if (!report.detail.empty()) break;
       }
       if (!report.detail.empty()) break;
     }

@@ -26,7 +26,7 @@ struct SelfCheckReport {
   bool passed = false;
   std::string detail;             // what differed, or which CUDA call failed; empty when passed
   bool watchdog_expired = false;  // the candidate's watchdog gave up on a barrier wait
-  int cases = 0;                  // (dtype, case) pairs that passed before the first failure
+  int cases = 0;                  // (format, dtype, case) runs that passed before the first failure
   double seconds = 0;             // wall time of the whole check (inputs on the host included)
   float device_ms = 0;            // GPU time of the kernels' runs (both kernels, every case)
 };

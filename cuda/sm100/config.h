@@ -7,8 +7,9 @@
 //                 DecodeKVProducer of cuda/common/kv_producer.cuh;
 //   warp 1        MMA warp: allocates TMEM (whole warp), one thread issues every tcgen05.mma and
 //                 tcgen05.commit; frees TMEM at the end;
-//   warps 2, 3    idle (they keep the two compute warpgroups aligned on warpgroup boundaries, which
-//                 the TMEM lane-quarter rule needs: warp w reads lanes 32 * (w % 4) ..);
+//   warps 2, 3    FP8 cache only: dequantize each tile's raw bytes in place (fp8_tiles.cuh); idle for
+//                 a 16-bit cache (they keep the two compute warpgroups aligned on warpgroup
+//                 boundaries, which the TMEM lane-quarter rule needs: warp w reads lanes 32 * (w % 4) ..);
 //   warps 4-7     softmax warpgroup: S from TMEM, online softmax, P (16-bit) into shared memory;
 //   warps 8-11    correction warpgroup: rescales O in TMEM when a row max grew, then the epilogue.
 //
@@ -33,12 +34,14 @@
 // Shared memory: Q (72 KB) resident, a ring of kNumKvStages KV stages of 72 KB (64 tokens x 576, as
 // 9 TMA boxes of 64 x 64 with the 128-byte swizzle), mbarriers and small per-row arrays. V is the
 // first 512 columns of the same stage (boxes 0-7); P of a tile is written into the stage's RoPE box
-// (box 8), dead once S of that tile is complete.
+// (box 8), dead once S of that tile is complete. An FP8 cache lands in the same stages as raw bytes
+// and is rewritten there as 16-bit boxes (Fp8Staging below, fp8_tiles.cuh).
 #pragma once
 
 #include <cstdint>
 
 #include "../common/config.h"
+#include "../common/fp8_tile.cuh"
 #include "../common/kv_producer.cuh"
 #include "descriptors.h"
 
@@ -62,10 +65,14 @@ static_assert(kPvN % kKvBoxCols == 0 && kPvHalves == 2);
 inline constexpr int kThreads = 384;
 inline constexpr int kProducerWarp = 0;
 inline constexpr int kMmaWarp = 1;
+inline constexpr int kDequantWarp0 = 2;      // warps 2-3, FP8 cache only (fp8_tiles.cuh)
+inline constexpr int kDequantWarps = 2;
 inline constexpr int kSoftmaxWarp0 = 4;      // warps 4-7
 inline constexpr int kCorrectionWarp0 = 8;   // warps 8-11
 inline constexpr int kWarpgroupThreads = 128;
 static_assert(kSoftmaxWarp0 % 4 == 0 && kCorrectionWarp0 % 4 == 0, "TMEM lane quarters need aligned warpgroups");
+static_assert(kDequantWarp0 > kMmaWarp && kDequantWarp0 + kDequantWarps <= kSoftmaxWarp0,
+              "the dequantizing warps are the otherwise idle warps 2 and 3");
 static_assert(kCorrectionWarp0 * 32 + kWarpgroupThreads == kThreads);
 
 // Named barriers (id 0 is __syncthreads).
@@ -106,11 +113,18 @@ static_assert(idesc_pv(MmaInput::kBF16) == 0x04410490u && idesc_pv(MmaInput::kF1
 // ---- shared-memory plan -------------------------------------------------------------------------
 
 inline constexpr int kSmemOptInLimit = 232448;   // 227 KB per block (sm_100)
-inline constexpr int kSmemMiscBudget = 4096;     // barriers and per-row arrays, checked below
+inline constexpr int kSmemMiscBudget = 8192;     // barriers, per-row arrays, FP8 scales; checked below
 // As many KV stages as fit beside the resident Q (2 for 16-bit: 72 KB each).
 inline constexpr int kNumKvStages = (kSmemOptInLimit - 1024 - kKvTileBytes - kSmemMiscBudget) / kKvTileBytes;
 static_assert(kNumKvStages >= 2, "one stage computes while the next one loads");
 inline constexpr int kKvConsumers = 1;           // a stage is released by one tcgen05.commit (MMA warp)
+
+// ---- FP8 cache (KvFormat::kFp8, fp8_tiles.cuh, common/fp8_tile.cuh) ------------------------------
+//
+// The SM90 kernel's plan on the stage ring: the producer lands a tile's raw bytes in the stage's own
+// boxes, then warps 2-3 (kDequantWarps) rewrite them in place as the 16-bit boxes and arrive on the
+// boxes' full barriers (initialised with kDequantWarps arrivals, no TMA bytes).
+using Fp8Staging = jax_mla::Fp8Staging<kNumKvStages>;
 
 template <typename Element>
 struct alignas(1024) SharedStorage {
@@ -133,6 +147,7 @@ struct alignas(1024) SharedStorage {
   float final_max[2][kBM];                            // [piece parity][row], log2 units
   float final_sum[2][2][kBM];                         // [piece parity][key half][row]
   int final_bad[2];                                   // [piece parity]
+  Fp8Staging fp8;                                     // FP8 cache only (2 KB; unused for a 16-bit cache)
 };
 
 template <typename Element>

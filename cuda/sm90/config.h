@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "../common/config.h"
+#include "../common/fp8_tile.cuh"
 #include "../common/kv_producer.cuh"
 
 namespace jax_mla::sm90 {
@@ -49,40 +50,12 @@ inline constexpr int kNumSlots = 2 * kKvBoxesQK;
 inline constexpr int kQBoxElems = kBlockM * kKvBoxCols;  // one (BLK_M, 64) box of Q
 static_assert(kNumSlots % kKvBoxesQK == 0, "the box ring is released per whole tile (kv_producer.cuh)");
 
-// The FP8 cache (KvFormat::kFp8, fp8_tiles.cuh) fills the same ring of 16-bit boxes: a pair of V
-// boxes (128 columns) is one scale tile, and its e4m3 bytes, (BLK_N, 128) bytes, are exactly one
-// box slot. The producer lands pair k's bytes by TMA in the slot of box kFp8RawFirstBox + k, the
-// tile's scales beside the ring (Fp8Staging) and the bf16 RoPE values in box 8's slot, all on the
-// tile position's raw_full barrier; then warps 1-3 of warpgroup 0 (kDequantWarps) rewrite each pair
-// as its two 16-bit boxes 2k, 2k + 1, in place and row by row, and each arrives on the boxes' full
-// barriers. Rows are the unit: a row's raw bytes are read only by the warp that writes that row of
-// the outputs, and pair k's outputs overwrite only raw pairs <= k (box 2k holds pair 2k - 4, box
-// 2k + 1 pair 2k - 3), which that warp has read already.
+// The FP8 cache (KvFormat::kFp8, fp8_tiles.cuh, common/fp8_tile.cuh) fills the same ring of 16-bit
+// boxes: the producer lands a tile's raw bytes in the tile's own slots, then warps 1-3 of warpgroup 0
+// (kDequantWarps) rewrite them in place as the 16-bit boxes and arrive on the boxes' full barriers.
 inline constexpr int kDequantWarps = 3;
 inline constexpr int kRingTiles = kNumSlots / kKvBoxesQK;
-inline constexpr int kFp8RawFirstBox = 4;
-static_assert(kFp8TileCols == 2 * kKvBoxCols && kFp8Tiles * 2 == kKvBoxesV,
-              "a pair of V boxes is one FP8 scale tile");
-static_assert(kBlockN * kFp8TileCols == kKvBoxBytes, "one tile's e4m3 bytes of a pair fill one 16-bit box slot");
-constexpr bool fp8_outputs_overwrite_only_read_pairs() {
-  for (int k = 0; k < kFp8Tiles; ++k) {
-    for (int box = 2 * k; box <= 2 * k + 1; ++box) {
-      const int raw_pair = box - kFp8RawFirstBox;  // the raw pair whose bytes sit in this box's slot
-      if (raw_pair > k && raw_pair < kFp8Tiles) return false;
-    }
-  }
-  return true;
-}
-static_assert(kFp8RawFirstBox + kFp8Tiles <= kKvBoxesV && fp8_outputs_overwrite_only_read_pairs(),
-              "pair k's outputs may overwrite only raw pairs <= k, inside the V boxes");
-
-struct Fp8Staging {
-  alignas(128) float scales[kRingTiles][kBlockN][kFp8Tiles];  // TMA destination: 128-byte aligned (no swizzle)
-  uint64_t raw_full[kRingTiles];  // per tile position: its e4m3 bytes, scales and RoPE box landed (TMA bytes)
-};
-// Bytes of one tile that complete raw_full: every byte of the tokens' FP8 rows, once.
-inline constexpr int kFp8TileBytes = kBlockN * (kFp8Tiles * kFp8TileCols + 4 * kFp8Tiles + 2 * kHeadDimRope);
-static_assert(kFp8TileBytes == kBlockN * kFp8RowBytes);
+using Fp8Staging = jax_mla::Fp8Staging<kRingTiles>;
 
 // Slots of the per-piece bad-request flag, by piece ordinal. The producer clears piece k's slot
 // before the piece's first tile, which it may issue while the consumers are still in the epilogue of

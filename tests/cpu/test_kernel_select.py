@@ -238,6 +238,20 @@ def test_fp8_messages():
     assert select((9, 0))["kernel"] == "sm90"
 
 
+def test_auto_on_sm100_takes_it_for_fp8_only_after_the_self_check():
+    """SM100 never ran on hardware: auto takes it for an FP8 cache, as for a 16-bit one, only after its
+    self-check passed (which runs every case over the FP8 cache too: runtime/self_check_cases.h)."""
+    if "sm100" not in FP8_READERS:
+        pytest.skip("the SM100 kernel does not read the FP8 cache in this build")
+    built = ("sm90", "sm100", "sm103")
+    for cc in ((10, 0), (10, 3)):
+        assert select(cc, built=built, fp8=True) == dict(kernel=None, fell_back=False, needs_self_check=True)
+        assert select(cc, built=built, self_check="passed", fp8=True)["kernel"] == "sm100"
+        assert select(cc, built=built, self_check="failed", fp8=True) == dict(kernel="portable", fell_back=True,
+                                                                              needs_self_check=False)
+        assert select(cc, "sm100", built=built, fp8=True)["kernel"] == "sm100"  # explicit: no self-check
+
+
 def test_fp8_every_combination():
     for cc, attr, env, check, built, mode in itertools.product(
             CCS, range(-1, 5), ENVS, ("not run", "passed", "failed"), BUILDS, ("", "force")):

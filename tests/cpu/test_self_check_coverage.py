@@ -12,7 +12,13 @@ on hardware) and the SM90 kernel's equivalents:
   - 16, 64 and 128 query rows (padding rows, two row blocks); s_q 1 and 4, causal and not;
     pages of 16, 64 and 256 tokens (and 32); a context of 16K+ tokens; invalid page ids (negative and
     one past the cache) whose requests must come out NaN; empty requests and rows with no visible key;
-    bf16 and fp16.
+    bf16 and fp16;
+  - the FP8 cache, for every candidate that reads it (kernel_select.h kReadsFp8Cache; SM100 does):
+    every case runs over it too (REQUIRED_FP8), so that both dequantization paths of the dequantizing
+    warps run on values the comparison sees: fast steps (power-of-two, zero and negative scales,
+    subnormal e4m3 bytes) and reference steps (an odd scale, a power of two outside fp16's exact range,
+    a dead row's NaN in the same warp step as read rows), a NaN byte whose request must come out NaN,
+    rows zero-filled past the cache's end, pages of 16, 32, 64 and 256, the rescale path, both dtypes.
 Needs no GPU and no CUDA toolkit; skipped when no C++ compiler is on PATH."""
 
 from __future__ import annotations
@@ -43,6 +49,22 @@ REQUIRED = [
     "dtype_bfloat16", "dtype_float16",
 ]
 
+# Required while the SM100 kernel reads the FP8 cache (the report's "reads_fp8 sm100 1").
+REQUIRED_FP8 = [
+    "fp8_dtype_bfloat16", "fp8_dtype_float16",
+    "fp8_page_16", "fp8_page_32", "fp8_page_64", "fp8_page_256",
+    "fp8_fast_step_bfloat16", "fp8_fast_step_float16",
+    "fp8_reference_step_bfloat16", "fp8_reference_step_float16",
+    "fp8_reference_step_odd_scale",
+    "fp8_reference_step_scale_outside_float16_range (fast in bfloat16)",
+    "fp8_reference_step_for_a_dead_row's_NaN",
+    "fp8_zero_scale_fast", "fp8_negative_scale_fast", "fp8_subnormal_e4m3_fast",
+    "fp8_dead_row_nan_scale", "fp8_dead_row_nan_bytes_under_a_fast_scale",
+    "fp8_nan_byte_in_read_row", "fp8_bad_page_id",
+    "fp8_rows_past_the_cache_end (zero-filled)",
+    "fp8_rescale", "fp8_rescale_alpha_slot_0", "fp8_rescale_alpha_slot_1",
+]
+
 # "A few MB" of device memory for the whole check (one allocation, the largest case).
 MAX_DEVICE_BYTES = 4 << 20
 
@@ -59,9 +81,30 @@ def paths(report):
     return {m.group(1): m.group(2).split() for m in re.finditer(r"^path (.+?): ?(.*)$", report, re.M)}
 
 
+def reads_fp8(report):
+    return {m.group(1): m.group(2) == "1" for m in re.finditer(r"^reads_fp8 (\S+) (\d)$", report, re.M)}
+
+
 @pytest.mark.parametrize("path", REQUIRED)
 def test_every_path_has_a_case(report, path):
     assert paths(report).get(path), f"no self-check case reaches '{path}'\n{report}"
+
+
+@pytest.mark.parametrize("path", REQUIRED_FP8)
+def test_every_fp8_path_has_a_case(report, path):
+    if not reads_fp8(report)["sm100"]:
+        pytest.skip("the SM100 kernel does not read the FP8 cache")
+    assert paths(report).get(path), f"no self-check case over the FP8 cache reaches '{path}'\n{report}"
+
+
+def test_fp8_cases_run_for_every_candidate_that_reads_fp8(report):
+    """The self-check gates auto's use of its candidate for both cache formats (kernel_select.h): a
+    candidate that reads the FP8 cache runs every case over it too, after the 16-bit cache."""
+    formats = {m.group(1): m.group(2).split() for m in re.finditer(r"^self_check_formats (\S+): (.*)$", report, re.M)}
+    readers = reads_fp8(report)
+    assert set(formats) == set(readers) == {"sm90", "sm100"}, report
+    for kernel, reads in readers.items():
+        assert formats[kernel] == (["dense", "fp8"] if reads else ["dense"]), (kernel, formats[kernel])
 
 
 def test_rescale_is_not_decided_by_rounding(report):

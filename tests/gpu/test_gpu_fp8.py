@@ -1,4 +1,5 @@
-"""mla_decode over an FP8 cache (uint8 rows of 656 bytes) on a GPU: the SM90 kernel (on 9.0) and the
+"""mla_decode over an FP8 cache (uint8 rows of 656 bytes) on a GPU: the SM90 kernel (on 9.0), the SM100
+kernel (on 10.0 / 10.3; "auto" takes it after its self-check, which covers the FP8 cache) and the
 portable kernel (on every GPU) read it.
 
 Every test here is marked `gpu` (skipped without a GPU, a failure with JAX_MLA_REQUIRE_GPU=1):
@@ -8,8 +9,8 @@ Every test here is marked `gpu` (skipped without a GPU, a failure with JAX_MLA_R
 What is checked:
   - against float64 on the dequantized cache (cases.make_fp8 / cases.brute_force) with the GPU
     kernels' tolerance (relative L2 1e-2 for out, 1e-3 for lse: P is rounded to 16 bits for P V),
-    for kernel="auto" (SM90 on 9.0, else portable) and every kernel that reads the format on this
-    device (READERS);
+    for kernel="auto" (SM90 on 9.0, SM100 on 10.x once its self-check passed, else portable) and
+    every kernel that reads the format on this device (READERS);
   - bit for bit, per reader, against the same kernel over unpack_fp8_kv(cache, q's dtype): each
     dequantizes into q's dtype in shared memory exactly as unpack_fp8_kv does, then runs the
     16-bit path's tensor-core, softmax and epilogue code unchanged;
@@ -40,13 +41,16 @@ PAGE_SIZES = (16, 32, 64, 128, 256)
 
 
 def fp8_readers() -> list[str]:
-    """The kernels that read the FP8 cache and run on this device (SM90: compute capability 9.0)."""
+    """The kernels that read the FP8 cache and run on this device (SM90: compute capability 9.0;
+    SM100: 10.0 or 10.3, when this build has it)."""
     readers = set(jax_mla._validate.FP8_KERNELS)
     try:
         cc = jax.devices("gpu")[0].compute_capability
     except RuntimeError:  # no GPU: the tests are skipped, the ids stay
         cc = None
-    return [k for k in ("sm90", "portable") if k in readers and (k != "sm90" or cc == "9.0")]
+    sm100_cubin = {"10.0": "sm100", "10.3": "sm103"}.get(cc)  # the build's name of the cubin it needs
+    runs = {"sm90": cc == "9.0", "sm100": sm100_cubin in jax_mla._extension.ext.built_kernels(), "portable": True}
+    return [k for k in ("sm90", "sm100", "portable") if k in readers and runs[k]]
 
 
 READERS = fp8_readers()
@@ -152,7 +156,8 @@ def test_fp8_is_bit_identical_to_the_dequantized_16bit_cache(case, kernel):
 @needs_reader
 def test_kernel_info_names_the_fp8_kernel():
     info = jax_mla.kernel_info()
-    assert info["fp8_kernel"] == READERS[0], info
+    # What auto takes for a 16-bit cache when that reads FP8 (SM100 after a failed self-check: portable).
+    assert info["fp8_kernel"] == (info["kernel"] if info["kernel"] in READERS else "portable"), info
     assert "portable" in jax_mla._validate.FP8_KERNELS
 
 

@@ -4,7 +4,8 @@
 #include "../launch.cuh"
 
 namespace jax_mla::sm100 {
-template cudaError_t setup_decode<__nv_bfloat16>();
-template cudaError_t launch_decode<__nv_bfloat16>(const DecodeProblem&, const CUtensorMap&, const CUtensorMap&,
-                                                  cudaStream_t, const WatchdogParams*);
+template cudaError_t setup_decode<__nv_bfloat16, KvFormat::kDense>();
+template cudaError_t launch_decode<__nv_bfloat16, KvFormat::kDense>(const DecodeProblem&, const CUtensorMap&,
+                                                   const CUtensorMap&, const CUtensorMap&, const CUtensorMap&,
+                                                   cudaStream_t, const WatchdogParams*);
 }  // namespace jax_mla::sm100

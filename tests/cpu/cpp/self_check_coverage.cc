@@ -9,6 +9,14 @@
 // exceeds it by more than kLazyRescaleSlack (sm100/softmax.cuh step 4, sm90/softmax.cuh
 // move_reference); on a tile after a piece's first, that is a rescale of O (sm100/correction.cuh
 // rescale_o, the TMEM load / store path; sm90 rescale_o).
+//
+// The FP8 cache (the cases over it, for a candidate that reads it: self_check_cases.h kv_formats):
+// paths prefixed "fp8_". The model of the dequantizing warps (sm100/fp8_tiles.cuh, sm90/fp8_tiles.cuh):
+// a tile's rows as TMA lands them (a page chunk whose first token is past the length comes from past
+// the cache's end: zeros), cut into steps of 4 rows x one pair (128 columns), the warp vote's unit;
+// a step takes the fast path iff every row's scale passes fp8_fast_factor for the element type and no
+// byte is NaN (common/fp8_convert.cuh, the kernels' own predicate). The rescale model runs on the
+// dequantized values (the exact fp32 products).
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -17,8 +25,10 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/fp8_convert.cuh"
 #include "common/problem.h"
 #include "common/work_iterator.h"
+#include "runtime/kernel_select.h"
 #include "runtime/self_check_cases.h"
 
 using namespace jax_mla;
@@ -69,8 +79,11 @@ void cover_schedule(const Case& c, const std::vector<int32_t>& schedule) {
   }
 }
 
-// Scores of the case in float64 on the exact inputs, reference moves per the lazy rule.
-void cover_rescale(const Case& c, const Inputs& in, const std::vector<int32_t>& schedule, double* min_margin) {
+// Scores of the case in float64 on the exact inputs, reference moves per the lazy rule. key(row, col):
+// the value of column col of cache row `row` (page * page_size + token in page); paths get `prefix`.
+template <typename Key>
+void cover_rescale(const Case& c, KvFormat f, const Inputs& in, const std::vector<int32_t>& schedule,
+                   double* min_margin, const Key& key, const std::string& prefix) {
   const double scale_log2 = static_cast<double>(kSoftmaxScale) * 1.4426950408889634;
   const int rows = c.rows();
   for (int part = 0; part < c.num_parts; ++part) {
@@ -79,7 +92,7 @@ void cover_rescale(const Case& c, const Inputs& in, const std::vector<int32_t>& 
       int events = 0;  // the CTA's alpha events so far (slot events % 2)
       work.for_each_piece([&](const PieceOfWork& w, int) {
         const int r = w.request;
-        const bool bad = r == c.bad_request;
+        const bool bad = nan_request(c, f, r);
         for (int row = mb * kBlockM; row < std::min(rows, mb * kBlockM + kBlockM); ++row) {
           if (bad) break;
           const int visible = visible_keys(c.lens[r], c.seq_q, row / c.heads_q, c.causal);
@@ -89,29 +102,143 @@ void cover_rescale(const Case& c, const Inputs& in, const std::vector<int32_t>& 
             double m_tile = -INFINITY;
             for (int k = blk * kBlockN; k < std::min(visible, blk * kBlockN + kBlockN); ++k) {
               const int page = in.table[static_cast<size_t>(r) * in.max_pages + k / c.page_size];
-              const uint16_t* key = &in.kv[(static_cast<size_t>(page) * c.page_size + k % c.page_size) * kHeadDimQK];
+              const size_t cache_row = static_cast<size_t>(page) * c.page_size + k % c.page_size;
               double s = 0;
               for (int col = 0; col < kHeadDimQK; ++col) {
-                s += static_cast<double>(from_bits(q[col], DType::kBF16)) * from_bits(key[col], DType::kBF16);
+                s += static_cast<double>(from_bits(q[col], DType::kBF16)) * key(cache_row, col);
               }
               m_tile = std::max(m_tile, s * scale_log2);
             }
             if (m_tile > m_ref + kLazyRescaleSlack) {
               if (blk > w.begin_block) {
                 const int ev = events + (blk - w.begin_block - 1);
-                hit(ev % 2 == 0 ? "rescale_alpha_slot_0" : "rescale_alpha_slot_1", c);
-                hit("rescale", c);
-                if (mb > 0) hit("rescale_row_block_1", c);
+                hit(prefix + (ev % 2 == 0 ? "rescale_alpha_slot_0" : "rescale_alpha_slot_1"), c);
+                hit(prefix + "rescale", c);
+                if (mb > 0) hit(prefix + "rescale_row_block_1", c);
                 *min_margin = std::min(*min_margin, m_tile - m_ref - kLazyRescaleSlack);
               }
               m_ref = m_tile;
             } else if (blk > w.begin_block && m_tile > m_ref + kLazyRescaleSlack - 1) {
-              fail(std::string(c.name) + ": a tile max within 1 of the slack (float rounding could decide it)");
+              fail(prefix + c.name + ": a tile max within 1 of the slack (float rounding could decide it)");
             }
           }
         }
         events += w.end_block - w.begin_block - 1;
       });
+    }
+  }
+}
+
+bool has_nan_byte(const uint8_t* bytes, int n) {
+  for (int i = 0; i + 4 <= n; i += 4) {
+    uint32_t w;
+    std::memcpy(&w, bytes + i, 4);
+    if (e4m3_nan_bytes(w) != 0) return true;
+  }
+  return false;
+}
+
+uint32_t scale_bits_of(const uint8_t* row, int tile) {
+  uint32_t u;
+  std::memcpy(&u, row + kFp8ScalesOffset + 4 * tile, 4);
+  return u;
+}
+
+// The dequantizing warps' steps over every tile a request reads (the tile walk of work_iterator.h:
+// each tile of a request once per row block; the rows are the same for every row block).
+void cover_fp8_steps(const Case& c, const Inputs& in) {
+  static const uint8_t kZeroRow[kFp8RowBytes] = {};
+  const int box_rows = std::min(c.page_size, kBlockN);
+  for (int r = 0; r < c.batch; ++r) {
+    const int len = c.lens[r];
+    for (int blk = 0; blk * kBlockN < len; ++blk) {
+      const uint8_t* rows[kBlockN];
+      bool read[kBlockN];
+      bool oob = false;
+      for (int i = 0; i < kBlockN; ++i) {
+        const int token = blk * kBlockN + i;
+        const int chunk_first = blk * kBlockN + i / box_rows * box_rows;  // locate_tile: one copy per chunk
+        read[i] = token < len;
+        rows[i] = kZeroRow;  // past the cache's end (TMA zero fill), or a bad page id's chunk
+        if (chunk_first < len) {
+          const int page = in.table[static_cast<size_t>(r) * in.max_pages + token / c.page_size];
+          if (page >= 0 && page < in.num_pages) {
+            rows[i] = &in.kv_fp8[(static_cast<size_t>(page) * c.page_size + token % c.page_size) * kFp8RowBytes];
+          }
+        } else {
+          oob = true;
+        }
+        if (read[i] && !nan_request(c, KvFormat::kFp8, r)) {
+          for (int t = 0; t < kFp8Tiles; ++t) {
+            if (std::isnan(bits_float(scale_bits_of(rows[i], t))) ||
+                has_nan_byte(rows[i] + t * kFp8TileCols, kFp8TileCols)) {
+              fail(std::string(c.name) + ": an FP8 row a good request reads holds NaN");
+            }
+          }
+        }
+        if (!read[i] && rows[i] != kZeroRow) {  // a dead row loaded with the tile
+          for (int t = 0; t < kFp8Tiles; ++t) {
+            const uint32_t sb = scale_bits_of(rows[i], t);
+            if (std::isnan(bits_float(sb))) hit("fp8_dead_row_nan_scale", c);
+            uint32_t f;
+            if (fp8_fast_factor<Bf16Format>(sb, &f) && has_nan_byte(rows[i] + t * kFp8TileCols, kFp8TileCols)) {
+              hit("fp8_dead_row_nan_bytes_under_a_fast_scale", c);
+            }
+          }
+        }
+      }
+      if (oob) hit("fp8_rows_past_the_cache_end (zero-filled)", c);
+      for (int g = 0; g < kBlockN / 4; ++g) {
+        for (int pair = 0; pair < kFp8Tiles; ++pair) {
+          bool any_read = false, fast_bf = true, fast_h = true, dead_nan = false;
+          for (int i = 4 * g; i < 4 * g + 4; ++i) {
+            const uint32_t sb = scale_bits_of(rows[i], pair);
+            const bool nan_bytes = has_nan_byte(rows[i] + pair * kFp8TileCols, kFp8TileCols);
+            uint32_t f;
+            const bool row_bf = fp8_fast_factor<Bf16Format>(sb, &f) && !nan_bytes;
+            const bool row_h = fp8_fast_factor<Fp16Format>(sb, &f) && !nan_bytes;
+            fast_bf &= row_bf;
+            fast_h &= row_h;
+            any_read |= read[i];
+            if (!read[i] && (nan_bytes || std::isnan(bits_float(sb)))) dead_nan = true;
+            if (!read[i]) continue;
+            if (nan_bytes) {
+              hit("fp8_nan_byte_in_read_row", c);
+              if (!nan_request(c, KvFormat::kFp8, r)) {
+                fail(std::string(c.name) + ": a NaN byte outside the NaN request");
+              }
+            }
+            if ((sb & 0x7FFFFFu) != 0 && std::isfinite(bits_float(sb))) hit("fp8_reference_step_odd_scale", c);
+            if (row_bf && !row_h) hit("fp8_reference_step_scale_outside_float16_range (fast in bfloat16)", c);
+            if (row_bf && row_h) {
+              if ((sb & 0x7FFFFFFFu) == 0) hit("fp8_zero_scale_fast", c);
+              if ((sb & 0x80000000u) != 0 && (sb & 0x7FFFFFFFu) != 0) hit("fp8_negative_scale_fast", c);
+              for (int b = 0; b < kFp8TileCols; ++b) {
+                const uint8_t v = rows[i][pair * kFp8TileCols + b];
+                if ((v & 0x78) == 0 && (v & 7) != 0) {
+                  hit("fp8_subnormal_e4m3_fast", c);
+                  break;
+                }
+              }
+            }
+          }
+          if (!any_read) continue;
+          if (fast_bf) hit("fp8_fast_step_bfloat16", c);
+          if (fast_h) hit("fp8_fast_step_float16", c);
+          if (!fast_bf) hit("fp8_reference_step_bfloat16", c);
+          if (!fast_h) hit("fp8_reference_step_float16", c);
+          if (dead_nan) hit("fp8_reference_step_for_a_dead_row's_NaN", c);
+        }
+      }
+    }
+  }
+  if (c.fp8_nan_request >= 0) {
+    const int r = c.fp8_nan_request;
+    if (r == c.bad_request || c.fp8_nan_token >= c.lens[r]) fail(std::string(c.name) + ": the NaN byte is not read");
+    for (int t = 0; t < c.seq_q; ++t) {
+      if (visible_keys(c.lens[r], c.seq_q, t, c.causal) <= c.fp8_nan_token) {
+        fail(std::string(c.name) + ": a query row of the NaN request does not see its NaN byte");
+      }
     }
   }
 }
@@ -139,7 +266,28 @@ int main() {
       }
     }
     if (bf.table != hf.table) fail(std::string(c.name) + ": block tables differ between dtypes");
-    cover_rescale(c, bf, schedule, &min_margin);
+    cover_rescale(
+        c, KvFormat::kDense, bf, schedule, &min_margin,
+        [&](size_t row, int col) { return double{from_bits(bf.kv[row * kHeadDimQK + col], DType::kBF16)}; },
+        "");
+    // The FP8 cases: those the self-check runs for the SM100 candidate (and any candidate reading FP8).
+    for (KvFormat f : kv_formats(reads_fp8_cache(Kernel::kSm100))) {
+      if (f != KvFormat::kFp8) continue;
+      const Inputs bf8 = make_inputs(c, DType::kBF16, f), hf8 = make_inputs(c, DType::kF16, f);
+      if (bf8.kv_fp8 != hf8.kv_fp8) fail(std::string(c.name) + ": the FP8 cache differs between dtypes");
+      if (bf8.kv != bf.kv || bf8.q != bf.q || bf8.table != bf.table) {
+        fail(std::string(c.name) + ": the FP8 run's 16-bit inputs differ from the dense run's");
+      }
+      if (bf8.kv_fp8.size() > layout_of(c).table - layout_of(c).kv) fail(std::string(c.name) + ": FP8 cache overflows");
+      cover_rescale(
+          c, f, bf8, schedule, &min_margin,
+          [&](size_t row, int col) { return double{fp8_row_value(&bf8.kv_fp8[row * kFp8RowBytes], col)}; },
+          "fp8_");
+      cover_fp8_steps(c, bf8);
+      hit("fp8_page_" + std::to_string(c.page_size), c);
+      for (DType t : kDTypes) hit(std::string("fp8_dtype_") + dtype_name(t), c);
+      if (c.bad_request >= 0) hit("fp8_bad_page_id", c);
+    }
 
     hit("rows_" + std::to_string(c.rows()), c);
     if (c.rows() < kBlockM) hit("padding_rows", c);
@@ -189,6 +337,11 @@ int main() {
     std::printf("path %s:", path.c_str());
     for (const std::string& n : names) std::printf(" %s", n.c_str());
     std::printf("\n");
+  }
+  for (Kernel k : {Kernel::kSm90, Kernel::kSm100}) {
+    std::printf("self_check_formats %s:", kernel_name(k));
+    for (KvFormat f : kv_formats(reads_fp8_cache(k))) std::printf(" %s", format_name(f));
+    std::printf("\nreads_fp8 %s %d\n", kernel_name(k), reads_fp8_cache(k) ? 1 : 0);
   }
   std::printf("device_bytes %zu\n", device_bytes());
   std::printf("min_rescale_margin %.3f\n", min_margin);
