@@ -133,12 +133,17 @@ MLA_HOST_DEVICE bool fp8_fast_factor(uint32_t scale_bits, uint32_t* factor2) {
   static_assert(127 + F::kMinScaleExp + F::kFactorExpBias >= 1 &&
                     127 + F::kMaxScaleExp + F::kFactorExpBias <= (F::kExpShift == 7 ? 254 : 30),
                 "the factor is a finite normal 16-bit value");
-  // Branch-free (selects), so that callers converting several chunks keep them in one straight line.
-  const bool zero = e == 0;
-  const bool in_range = e - kMinE <= kMaxE - kMinE;  // unsigned: kMinE <= e <= kMaxE
-  const uint32_t f16 = sign | (zero ? 0u : (e + static_cast<uint32_t>(F::kFactorExpBias)) << F::kExpShift);
-  *factor2 = f16 | (f16 << 16);  // meaningful only when the result is true
-  return mantissa == 0 && (zero || in_range);
+  if (mantissa != 0) return false;
+  uint32_t f16;
+  if (e == 0) {
+    f16 = sign;  // +-0
+  } else if (e - kMinE <= kMaxE - kMinE) {  // unsigned: kMinE <= e <= kMaxE
+    f16 = sign | ((e + static_cast<uint32_t>(F::kFactorExpBias)) << F::kExpShift);
+  } else {
+    return false;
+  }
+  *factor2 = f16 | (f16 << 16);
+  return true;
 }
 
 // Four e4m3 bytes of w (byte i = value i) placed as 16-bit patterns (value(b) * 2^kPlacedLog2):

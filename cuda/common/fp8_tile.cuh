@@ -2,8 +2,7 @@
 // kernels read, shared by both (sm90/fp8_tiles.cuh, sm100/fp8_tiles.cuh walk their own rings):
 //   load_fp8_tile     the producer thread: the tile's raw bytes by TMA into the tile's own boxes
 //   dequantize_tile   the dequantizing warps: those bytes rewritten in place as the 16-bit boxes
-// A tile's 9 boxes are consecutive in both rings (box b at boxes + b * kKvBoxBytes), and so are
-// their full barriers (full[b]).
+// Each ring says where a tile's box b and its full barrier are (callables box(b), full(b)).
 //
 // Q (72 KB) and two 72 KB tiles leave no room for a staging buffer, and none is needed: a pair of V
 // boxes (128 columns) is one scale tile, and its e4m3 bytes, (64 tokens, 128 bytes), are exactly
@@ -57,13 +56,15 @@ struct Fp8Staging {
   uint64_t raw_full[kPositions];  // the position's e4m3 bytes, scales and RoPE box landed (TMA bytes)
 };
 
-// The producer thread: arms `raw_full` with kFp8TileBytes and issues the tile's copies into `boxes`
-// (the tile's box 0) and `scales` (the position's). Per page chunk of the tile (one for pages of
-// >= 64 tokens): the four pairs' e4m3 bytes, (rows, 128) bytes each (kv.map: the cache as (tokens,
-// 656) bytes, box (rows, 128)); the rows' scales, (rows, 16) bytes (scale_map); the RoPE values as
-// bf16 with the 128-byte swizzle (rope_map: the cache as (tokens, 328) bf16, box (rows, 64)). Tokens
-// past the cache's end are zero-filled by TMA and count their bytes: the barrier always gets a whole tile.
-__device__ __forceinline__ void load_fp8_tile(uint8_t* boxes, float (*scales)[kFp8Tiles], uint64_t* raw_full,
+// The producer thread: arms `raw_full` with kFp8TileBytes and issues the tile's copies into its
+// boxes (box(b): the address of the tile's box b) and `scales` (the position's). Per page chunk of
+// the tile (one for pages of >= 64 tokens): the four pairs' e4m3 bytes, (rows, 128) bytes each
+// (kv.map: the cache as (tokens, 656) bytes, box (rows, 128)); the rows' scales, (rows, 16) bytes
+// (scale_map); the RoPE values as bf16 with the 128-byte swizzle (rope_map: the cache as (tokens,
+// 328) bf16, box (rows, 64)). Tokens past the cache's end are zero-filled by TMA and count their
+// bytes: the barrier always gets a whole tile.
+template <typename BoxAddress>
+__device__ __forceinline__ void load_fp8_tile(BoxAddress box, float (*scales)[kFp8Tiles], uint64_t* raw_full,
                                               const PagedKV& kv, const TileSource& t, const CUtensorMap* scale_map,
                                               const CUtensorMap* rope_map) {
   ptx::mbarrier_arrive_expect_tx(raw_full, kFp8TileBytes);
@@ -74,12 +75,12 @@ __device__ __forceinline__ void load_fp8_tile(uint8_t* boxes, float (*scales)[kF
     const int first_row = c * t.box_rows;  // of the tile
 #pragma unroll
     for (int pair = 0; pair < kFp8Tiles; ++pair) {
-      ptx::tma_load_2d(boxes + (kFp8RawFirstBox + pair) * kKvBoxBytes + first_row * kFp8TileCols, kv.map, raw_full,
+      ptx::tma_load_2d(box(kFp8RawFirstBox + pair) + first_row * kFp8TileCols, kv.map, raw_full,
                        pair * kFp8TileCols, t.rows[c]);
     }
     ptx::tma_load_2d(&scales[first_row][0], scale_map, raw_full, kFp8ScalesOffset, t.rows[c]);
-    ptx::tma_load_2d(boxes + kKvRopeBox * kKvBoxBytes + first_row * (kKvBoxCols * 2), rope_map, raw_full,
-                     kFp8RopeOffset / 2, t.rows[c]);
+    ptx::tma_load_2d(box(kKvRopeBox) + first_row * (kKvBoxCols * 2), rope_map, raw_full, kFp8RopeOffset / 2,
+                     t.rows[c]);
   }
 }
 
@@ -93,39 +94,33 @@ struct RawChunk {
   uint32_t scale_bits;
 };
 
-// Two chunks (two rows of this lane's warp) with one vote: both on the fast path when every lane's
-// scales allow it and no byte is NaN, else both through fp32. One straight line of arithmetic for
-// both, so that the scheduler interleaves them.
+// One chunk: on the fast path when every lane's scale allows it and no byte of its 16 is NaN (one
+// warp vote), else through fp32.
 template <typename Element>
-__device__ __forceinline__ void dequantize_two(const RawChunk& a, const RawChunk& b, uint4 oa[2], uint4 ob[2]) {
-  uint32_t fa, fb;
-  const bool ok_a = fp8_fast_factor<Element>(a.scale_bits, &fa);
-  const bool ok_b = fp8_fast_factor<Element>(b.scale_bits, &fb);
-  const uint32_t nan = e4m3_nan_bytes(a.bytes.x) | e4m3_nan_bytes(a.bytes.y) | e4m3_nan_bytes(a.bytes.z) |
-                       e4m3_nan_bytes(a.bytes.w) | e4m3_nan_bytes(b.bytes.x) | e4m3_nan_bytes(b.bytes.y) |
-                       e4m3_nan_bytes(b.bytes.z) | e4m3_nan_bytes(b.bytes.w);
-  if (__all_sync(0xffffffffu, ok_a && ok_b && nan == 0)) {
-    e4m3x16_to_scaled<Element>(a.bytes, fa, oa);
-    e4m3x16_to_scaled<Element>(b.bytes, fb, ob);
+__device__ __forceinline__ void dequantize_chunk(const RawChunk& in, uint4 out[2]) {
+  uint32_t factor2;
+  const bool fast = fp8_fast_factor<Element>(in.scale_bits, &factor2) &&
+                    (e4m3_nan_bytes(in.bytes.x) | e4m3_nan_bytes(in.bytes.y) | e4m3_nan_bytes(in.bytes.z) |
+                     e4m3_nan_bytes(in.bytes.w)) == 0;
+  if (__all_sync(0xffffffffu, fast)) {
+    e4m3x16_to_scaled<Element>(in.bytes, factor2, out);
   } else {
-    const float sa = __uint_as_float(a.scale_bits), sb = __uint_as_float(b.scale_bits);
-    oa[0] = dequantize_e4m3x8<Element>(make_uint2(a.bytes.x, a.bytes.y), sa);
-    oa[1] = dequantize_e4m3x8<Element>(make_uint2(a.bytes.z, a.bytes.w), sa);
-    ob[0] = dequantize_e4m3x8<Element>(make_uint2(b.bytes.x, b.bytes.y), sb);
-    ob[1] = dequantize_e4m3x8<Element>(make_uint2(b.bytes.z, b.bytes.w), sb);
+    const float scale = __uint_as_float(in.scale_bits);
+    out[0] = dequantize_e4m3x8<Element>(make_uint2(in.bytes.x, in.bytes.y), scale);
+    out[1] = dequantize_e4m3x8<Element>(make_uint2(in.bytes.z, in.bytes.w), scale);
   }
 }
 
 // One dequantizing warp's share of a landed tile (after its raw_full wait): groups j with
-// (j + tile_count) % kWarps == warp, pair by pair; after its rows of a pair it fences for the async
-// proxy (the tensor core reads the boxes through it) and arrives once on each of the pair's two full
-// barriers, so a box is complete after kWarps arrivals. The RoPE box: with bf16 q an arrival at once
-// (it landed as it is used), with fp16 q rounded in place first. A step converts two of the warp's
-// groups (one when the count is odd): two independent chunks a lane, so that one's latency hides
-// behind the other's arithmetic (ncu, H100, b64 h16 8K: with one chunk a step a step took ~435
-// cycles, half of them waiting on fixed-latency dependences).
-template <typename Element, int kWarps>
-__device__ __forceinline__ void dequantize_tile(uint8_t* boxes, const float (*scales)[kFp8Tiles], uint64_t* full,
+// (j + tile_count) % kWarps == warp, pair by pair, one group a step; the next step's loads go
+// before this step's stores (they read other rows, or the next pair's raw box, which no output of
+// this pair overwrites). After its rows of a pair the warp fences for the async proxy (the tensor
+// core reads the boxes through it) and arrives once on each of the pair's two full barriers, so a
+// box is complete after kWarps arrivals. The RoPE box: with bf16 q an arrival at once (it landed as
+// it is used), with fp16 q rounded in place first.
+// box(b): the address of the tile's box b; full(b): its full barrier.
+template <typename Element, int kWarps, typename BoxAddress, typename FullBarrier>
+__device__ __forceinline__ void dequantize_tile(BoxAddress box, FullBarrier full, const float (*scales)[kFp8Tiles],
                                                 int warp, int tile_count) {
   const int lane = threadIdx.x % 32;
   const int chunk = lane % 8;             // bytes 16 chunk .. +15 of the row's pair: columns of the pair
@@ -138,59 +133,54 @@ __device__ __forceinline__ void dequantize_tile(uint8_t* boxes, const float (*sc
   // chunk positions of the row once.
   const bool swap_halves = out_box == 1;
   if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-    if (lane == 0) ptx::mbarrier_arrive(&full[kKvRopeBox]);
+    if (lane == 0) ptx::mbarrier_arrive(full(kKvRopeBox));
   }
   const int first_group = (warp - tile_count % kWarps + kWarps) % kWarps;
-  const int num_groups = (kFp8Groups - first_group + kWarps - 1) / kWarps;
-  const int first_row = first_group * kFp8RowsPerGroup + row_in_group;
-  constexpr int kRowStride = kWarps * kFp8RowsPerGroup;  // between a warp's consecutive groups
-  const uint8_t* raw0 = boxes + kFp8RawFirstBox * kKvBoxBytes + chunk * 16;
-  uint8_t* out0 = boxes + out_box * kKvBoxBytes;
+  const auto load = [&](int pair, int row) {
+    RawChunk r;
+    r.bytes = *reinterpret_cast<const uint4*>(box(kFp8RawFirstBox + pair) + row * kFp8TileCols + chunk * 16);
+    r.scale_bits = __float_as_uint(scales[row][pair]);
+    return r;
+  };
+  int pair = 0;
+  int row = first_group * kFp8RowsPerGroup + row_in_group;
+  RawChunk next = load(pair, row);
 #pragma unroll 1
-  for (int pair = 0; pair < kFp8Tiles; ++pair) {
-    const uint8_t* raw = raw0 + pair * kKvBoxBytes;
-    uint8_t* out = out0 + 2 * pair * kKvBoxBytes;
-#pragma unroll 1
-    for (int g = 0; g < num_groups; g += 2) {
-      const bool two = g + 1 < num_groups;  // warp-uniform
-      const int row_a = first_row + g * kRowStride;
-      const int row_b = two ? row_a + kRowStride : row_a;
-      RawChunk a, b;
-      a.bytes = *reinterpret_cast<const uint4*>(raw + row_a * kFp8TileCols);
-      b.bytes = *reinterpret_cast<const uint4*>(raw + row_b * kFp8TileCols);
-      a.scale_bits = __float_as_uint(scales[row_a][pair]);
-      b.scale_bits = __float_as_uint(scales[row_b][pair]);
-      if (swap_halves) {
-        a.bytes = make_uint4(a.bytes.z, a.bytes.w, a.bytes.x, a.bytes.y);
-        b.bytes = make_uint4(b.bytes.z, b.bytes.w, b.bytes.x, b.bytes.y);
-      }
-      uint4 oa[2], ob[2];
-      dequantize_two<Element>(a, b, oa, ob);
-      __syncwarp();  // every lane of these rows has read its raw bytes before any lane overwrites them
-      // The 128-byte swizzle: 16-byte chunk index ^ (row % 8). o[0] holds this lane's first
-      // (swap_halves: second) 8 values.
-      uint4* da = reinterpret_cast<uint4*>(out + row_a * (kKvBoxCols * 2));
-      da[(out_chunk + swap_halves) ^ (row_a & 7)] = oa[0];
-      da[(out_chunk + !swap_halves) ^ (row_a & 7)] = oa[1];
-      if (two) {
-        uint4* db = reinterpret_cast<uint4*>(out + row_b * (kKvBoxCols * 2));
-        db[(out_chunk + swap_halves) ^ (row_b & 7)] = ob[0];
-        db[(out_chunk + !swap_halves) ^ (row_b & 7)] = ob[1];
-      }
+  for (;;) {
+    uint4 out[2];
+    if (swap_halves) next.bytes = make_uint4(next.bytes.z, next.bytes.w, next.bytes.x, next.bytes.y);
+    dequantize_chunk<Element>(next, out);
+    int next_pair = pair;
+    int next_row = row + kWarps * kFp8RowsPerGroup;
+    if (next_row >= kBlockN) {
+      next_row = first_group * kFp8RowsPerGroup + row_in_group;
+      ++next_pair;
     }
-    // This warp's rows of the pair are written: visible to the tensor core (async proxy), then one
-    // arrival per box. The next pair reads other boxes (no output of this pair holds its bytes).
-    ptx::fence_proxy_async_smem();
-    __syncwarp();
-    if (lane == 0) {
-      ptx::mbarrier_arrive(&full[2 * pair]);
-      ptx::mbarrier_arrive(&full[2 * pair + 1]);
+    if (next_pair < kFp8Tiles) next = load(next_pair, next_row);
+    __syncwarp();  // every lane of these rows has read its raw bytes before any lane overwrites them
+    uint4* dst = reinterpret_cast<uint4*>(box(2 * pair + out_box) + row * (kKvBoxCols * 2));
+    // The 128-byte swizzle: 16-byte chunk index ^ (row % 8). out[0] holds this lane's first
+    // (swap_halves: second) 8 values.
+    dst[(out_chunk + swap_halves) ^ (row & 7)] = out[0];
+    dst[(out_chunk + !swap_halves) ^ (row & 7)] = out[1];
+    if (next_pair != pair) {
+      // This warp's rows of the pair are written: visible to the tensor core (async proxy), then
+      // one arrival per box.
+      ptx::fence_proxy_async_smem();
+      __syncwarp();
+      if (lane == 0) {
+        ptx::mbarrier_arrive(full(2 * pair));
+        ptx::mbarrier_arrive(full(2 * pair + 1));
+      }
+      if (next_pair == kFp8Tiles) break;
     }
+    pair = next_pair;
+    row = next_row;
   }
   if constexpr (std::is_same_v<Element, __half>) {
     // The RoPE box as fp16: each lane rounds a 16-byte chunk of its rows in place (any chunk order:
     // the rounding is per value).
-    uint4* rope = reinterpret_cast<uint4*>(boxes + kKvRopeBox * kKvBoxBytes);
+    uint4* rope = reinterpret_cast<uint4*>(box(kKvRopeBox));
 #pragma unroll 1
     for (int g = first_group; g < kFp8Groups; g += kWarps) {
       uint4* p = rope + (g * kFp8RowsPerGroup + row_in_group) * 8 + chunk;
@@ -198,7 +188,7 @@ __device__ __forceinline__ void dequantize_tile(uint8_t* boxes, const float (*sc
     }
     ptx::fence_proxy_async_smem();
     __syncwarp();
-    if (lane == 0) ptx::mbarrier_arrive(&full[kKvRopeBox]);
+    if (lane == 0) ptx::mbarrier_arrive(full(kKvRopeBox));
   }
 }
 

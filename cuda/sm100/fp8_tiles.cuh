@@ -31,8 +31,9 @@ struct Fp8StageProducer : DecodeKVProducer<Element, kNumKvStages> {
   __device__ __forceinline__ void load_tile(const PagedKV& kv, const TileSource& t, int withheld_box = -1) {
     if (withheld_box >= 0) return;
     const int stage = this->state.stage;
-    load_fp8_tile(reinterpret_cast<uint8_t*>(this->stage_ptr(stage)), staging->scales[stage],
-                  &staging->raw_full[stage], kv, t, scale_map, rope_map);
+    uint8_t* boxes = reinterpret_cast<uint8_t*>(this->stage_ptr(stage));
+    load_fp8_tile([&](int b) { return boxes + b * kKvBoxBytes; }, staging->scales[stage], &staging->raw_full[stage],
+                  kv, t, scale_map, rope_map);
   }
 };
 
@@ -50,8 +51,11 @@ __device__ __forceinline__ void dequantize_part(SharedStorage<Element>& s, const
 #pragma unroll 1
     for (int blk = w.begin_block; blk < w.end_block; ++blk) {
       wd.wait(&s.fp8.raw_full[st.stage], st.phase);
-      dequantize_tile<Element, kDequantWarps>(reinterpret_cast<uint8_t*>(&s.kv[st.stage][0][0]), s.fp8.scales[st.stage],
-                                              s.kv_bars.full[st.stage], warp, tile_count);
+      uint8_t* boxes = reinterpret_cast<uint8_t*>(&s.kv[st.stage][0][0]);
+      uint64_t* full = s.kv_bars.full[st.stage];
+      dequantize_tile<Element, kDequantWarps>([&](int b) { return boxes + b * kKvBoxBytes; },
+                                              [&](int b) { return &full[b]; }, s.fp8.scales[st.stage], warp,
+                                              tile_count);
       st.advance();
       ++tile_count;
     }
