@@ -10,10 +10,10 @@ was written for, so no path can silently fall back to something slower:
 The SM90 kernel's production instantiations must also carry the in-kernel split merge
 (cuda/sm90/split_merge.cuh, used at run time where the grid fits): its release-add on the arrival
 counter (REDG ... STRONG.GPU).
-Every instantiation must be there: bf16 and fp16 of each kernel; for SM90 and SM100 both the
-production and the self-check's watchdog instantiation (decode_kernel<Element, false / true>,
-common/watchdog.cuh); for the portable kernel each over both cache formats (KvFormat::kFp8: 656-byte
-rows dequantized in shared memory). All get the same instruction checks. Uses cuobjdump and nvdisasm
+Every instantiation must be there: bf16 and fp16 of each kernel, each over both cache formats
+(KvFormat::kFp8: 656-byte rows dequantized in shared memory); for SM90 and SM100 each also as the
+production and the self-check's watchdog instantiation (decode_kernel<Element, false / true, format>,
+common/watchdog.cuh). All get the same instruction checks. Uses cuobjdump and nvdisasm
 from NVIDIA's pip wheels.
 
   python3 -P .ci/check_sass.py      (inside an environment where jax_mla is installed)
@@ -62,9 +62,10 @@ _MERGE_ARRIVE = r"\bREDG\.E\.ADD\.S32\.STRONG\.GPU\b"
 # (architecture, kernel namespace, decode kernels expected, required instruction patterns, forbidden ones,
 #  required in the build?)
 CHECKS = (
-    ("sm_90a", "sm90", 4, {"HGMMA": r"\bHGMMA\b", "UTMALDG": r"\bUTMALDG\b"}, {}, True),
-    ("sm_100a", "sm100", 4, _SM100, _SPILLS, True),
-    ("sm_103a", "sm100", 4, _SM100, _SPILLS, False),
+    # bf16, fp16 x production, watchdog x 16-bit cache, FP8 cache
+    ("sm_90a", "sm90", 8, {"HGMMA": r"\bHGMMA\b", "UTMALDG": r"\bUTMALDG\b"}, {}, True),
+    ("sm_100a", "sm100", 8, _SM100, _SPILLS, True),
+    ("sm_103a", "sm100", 8, _SM100, _SPILLS, False),
     ("sm_80", "portable", 4, _PORTABLE, _SPILLS, True),  # bf16, fp16 x 16-bit cache, FP8 cache
     ("sm_90", "portable", 4, _PORTABLE, _SPILLS, True),
     ("sm_120", "portable", 4, _PORTABLE, _SPILLS, True),
@@ -101,7 +102,7 @@ def main() -> int:
         print(f"{arch}: {len(funcs)} kernels in {os.path.basename(so)}")
         tag = f"{len(namespace)}{namespace}"  # the Itanium-mangled namespace, e.g. 8portable
         matching = {n: t for n, t in funcs.items() if "decode_kernel" in n and tag in n}
-        if len(matching) != expected:  # bf16 and fp16 x (production, watchdog) or (16-bit, FP8 cache)
+        if len(matching) != expected:  # see CHECKS
             failures.append(f"{arch}: expected {expected} {namespace} decode kernels, found {sorted(matching)}")
         if namespace != "portable":
             # decode_kernel<Element, bool kWatchdog>: Lb0E production, Lb1E the self-check's.
