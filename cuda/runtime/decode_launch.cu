@@ -97,6 +97,17 @@ bool make_fp8_maps(const DecodeProblem& p, CUtensorMap* q_map, CUtensorMap* byte
          make_tensor_map_bytes(scale_map, p.kv_cache, tokens, kFp8RowBytes, kv_box_rows(p), 4 * kFp8Tiles, error);
 }
 
+// Calls f(Element{}, std::integral_constant<KvFormat, kFormat>{}) with the problem's element type and
+// cache format, so that each kernel's launch is written once over the four instantiations.
+template <typename F>
+cudaError_t with_instantiation(bool bf16, bool fp8, F f) {
+  const auto by_format = [&](auto element) {
+    return fp8 ? f(element, std::integral_constant<KvFormat, KvFormat::kFp8>{})
+               : f(element, std::integral_constant<KvFormat, KvFormat::kDense>{});
+  };
+  return bf16 ? by_format(__nv_bfloat16{}) : by_format(__half{});
+}
+
 }  // namespace
 
 LaunchStatus launch_decode_kernel(Kernel kernel, DecodeProblem p, int sm_count, int* merge_counters,
@@ -158,47 +169,30 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeProblem p, int sm_count, 
   switch (kernel) {
     case Kernel::kSm90:
 #ifdef JAX_MLA_HAVE_SM90
-    {
-      const auto launch = [&](auto format) {
-        constexpr KvFormat kFormat = decltype(format)::value;
-        return bf16 ? sm90::launch_decode<__nv_bfloat16, kFormat>(p, sm90_plan, q_map, kv_map, kv_group_map,
-                                                                  kv_scale_map, stream, watchdog)
-                    : sm90::launch_decode<__half, kFormat>(p, sm90_plan, q_map, kv_map, kv_group_map, kv_scale_map,
-                                                           stream, watchdog);
-      };
-      st.error = fp8 ? launch(std::integral_constant<KvFormat, KvFormat::kFp8>{})
-                     : launch(std::integral_constant<KvFormat, KvFormat::kDense>{});
-    }
+      st.error = with_instantiation(bf16, fp8, [&](auto element, auto format) {
+        return sm90::launch_decode<decltype(element), decltype(format)::value>(p, sm90_plan, q_map, kv_map, kv_group_map,
+                                                                              kv_scale_map, stream, watchdog);
+      });
 #else
       st.error = cudaErrorInvalidDeviceFunction;
 #endif
       break;
     case Kernel::kSm100:
 #ifdef JAX_MLA_ANY_SM100
-    {
       // kv_group_map: the RoPE view of an FP8 cache (unused for a 16-bit one).
-      const auto launch = [&](auto format) {
-        constexpr KvFormat kFormat = decltype(format)::value;
-        return bf16 ? sm100::launch_decode<__nv_bfloat16, kFormat>(p, q_map, kv_map, kv_group_map, kv_scale_map,
-                                                                   stream, watchdog)
-                    : sm100::launch_decode<__half, kFormat>(p, q_map, kv_map, kv_group_map, kv_scale_map, stream,
-                                                            watchdog);
-      };
-      st.error = fp8 ? launch(std::integral_constant<KvFormat, KvFormat::kFp8>{})
-                     : launch(std::integral_constant<KvFormat, KvFormat::kDense>{});
-    }
+      st.error = with_instantiation(bf16, fp8, [&](auto element, auto format) {
+        return sm100::launch_decode<decltype(element), decltype(format)::value>(p, q_map, kv_map, kv_group_map,
+                                                                               kv_scale_map, stream, watchdog);
+      });
 #else
       st.error = cudaErrorInvalidDeviceFunction;
 #endif
       break;
     default:
       programmatic = false;
-      if (fp8) {
-        st.error = bf16 ? portable::launch_decode<__nv_bfloat16, KvFormat::kFp8>(p, stream)
-                        : portable::launch_decode<__half, KvFormat::kFp8>(p, stream);
-      } else {
-        st.error = bf16 ? portable::launch_decode<__nv_bfloat16>(p, stream) : portable::launch_decode<__half>(p, stream);
-      }
+      st.error = with_instantiation(bf16, fp8, [&](auto element, auto format) {
+        return portable::launch_decode<decltype(element), decltype(format)::value>(p, stream);
+      });
       break;
   }
   if (st.error != cudaSuccess) {
