@@ -40,6 +40,12 @@ static_assert(kFp8RowBytes == 656, "FlashMLA's V32 FP8 row is 656 bytes");
 // this many cached tokens, and the GPU kernels load KV tiles of exactly this many rows,
 // so one scheduled block is one KV tile (BN_QK).
 inline constexpr int kBlockN = 64;
+// The GPU kernels' FP8 tile rewrite (common/fp8_tile.cuh dequantize_tile): a warp step converts
+// kFp8RowsPerStep whole rows, each lane kFp8ChunksPerLane 16-byte chunks of one row's pair under one
+// scale; the step is the unit of the fast-path vote.
+inline constexpr int kFp8ChunksPerLane = 4;
+inline constexpr int kFp8RowsPerStep = 32 * kFp8ChunksPerLane * 16 / kHeadDimV;  // 4
+static_assert(kBlockN % kFp8RowsPerStep == 0);
 // Query rows (s_q * h_q folded) handled by one CTA / one CPU task.
 inline constexpr int kBlockM = 64;
 // Row blocks of kBlockM rows covering a request's `rows` query rows.

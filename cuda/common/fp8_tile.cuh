@@ -8,13 +8,12 @@
 // boxes (128 columns) is one scale tile, and its e4m3 bytes, (64 tokens, 128 bytes), are exactly
 // one box. Pair k's bytes land in box kFp8RawFirstBox + k, the scales beside the ring (Fp8Staging),
 // the RoPE values (bf16) straight into box 8. Rows are the unit of the rewrite: a row's raw bytes are
-// read only by the warp that writes that row of the outputs, and pair k's outputs (boxes 2k, 2k + 1)
-// overwrite only raw pairs <= k, which that warp has already read.
+// read only by the warp step that writes that row of the outputs, all of them before its first store.
 //
 // Values are exactly unpack_fp8_kv(row, q's dtype) (common/fp8_convert.cuh): where a row's tile
 // scale is +-0 or +-2^k with k in the element type's exact range and no byte is NaN, one PRMT, a
-// shift, an AND and one 16-bit multiply per two values; otherwise (one warp vote per step) through
-// fp32 as the portable kernel does.
+// shift, an AND and one 16-bit multiply per two values; otherwise (one warp vote per step of 4 rows)
+// through fp32 as the portable kernel does.
 #pragma once
 
 #include <cstdint>
@@ -33,17 +32,7 @@ namespace jax_mla {
 inline constexpr int kFp8RawFirstBox = 4;
 static_assert(kFp8TileCols == 2 * kKvBoxCols && kFp8Tiles * 2 == kKvBoxesV, "a pair of V boxes is one FP8 scale tile");
 static_assert(kBlockN * kFp8TileCols == kKvBoxBytes, "one tile's e4m3 bytes of a pair fill one 16-bit box");
-constexpr bool fp8_outputs_overwrite_only_read_pairs() {
-  for (int k = 0; k < kFp8Tiles; ++k) {
-    for (int box = 2 * k; box <= 2 * k + 1; ++box) {
-      const int raw_pair = box - kFp8RawFirstBox;  // the raw pair whose bytes sit in this box
-      if (raw_pair > k && raw_pair < kFp8Tiles) return false;
-    }
-  }
-  return true;
-}
-static_assert(kFp8RawFirstBox + kFp8Tiles <= kKvBoxesV && fp8_outputs_overwrite_only_read_pairs(),
-              "pair k's outputs may overwrite only raw pairs <= k, inside the V boxes");
+static_assert(kFp8RawFirstBox + kFp8Tiles <= kKvBoxesV, "the raw pairs land in V boxes, never in the RoPE box");
 
 // Bytes of one tile that complete its raw_full barrier: every byte of the tokens' FP8 rows, once.
 inline constexpr int kFp8TileBytes = kBlockN * (kFp8Tiles * kFp8TileCols + 4 * kFp8Tiles + 2 * kHeadDimRope);
@@ -84,106 +73,104 @@ __device__ __forceinline__ void load_fp8_tile(BoxAddress box, float (*scales)[kF
   }
 }
 
-// A tile's rows in groups of 4 (8 lanes a row, 16 e4m3 bytes a lane).
-inline constexpr int kFp8RowsPerGroup = 32 / (kFp8TileCols / 16);  // 4
-inline constexpr int kFp8Groups = kBlockN / kFp8RowsPerGroup;       // 16
+// The rewrite's step: one warp converts kFp8RowsPerStep whole rows (their 4 x 128 e4m3 bytes), each
+// lane kFp8ChunksPerLane 16-byte chunks of one row and one pair (64 values under one scale), so the
+// scale decode, the NaN vote and the addressing are paid once per 64 values and the four chunks are
+// independent work for the scheduler. All of a row's raw bytes are read by its step, before the
+// step's first store: the in-place rewrite needs no other ordering than the warp's own.
+// (kFp8ChunksPerLane, kFp8RowsPerStep: config.h, where the host model of the steps reads them.)
+inline constexpr int kFp8Steps = kBlockN / kFp8RowsPerStep;  // 16 a tile
+static_assert(kFp8TileCols / 16 == 2 * kFp8ChunksPerLane, "a lane converts one half of a pair: one output box row");
+static_assert(kFp8RowsPerStep == 4 && kBlockN % kFp8RowsPerStep == 0, "the lane map below: two row pairs a step");
 
-// One lane's 16 bytes of one row of one pair, and the row's scale (as bits).
-struct RawChunk {
-  uint4 bytes;
-  uint32_t scale_bits;
-};
-
-// One chunk: on the fast path when every lane's scale allows it and no byte of its 16 is NaN (one
-// warp vote), else through fp32.
-template <typename Element>
-__device__ __forceinline__ void dequantize_chunk(const RawChunk& in, uint4 out[2]) {
-  uint32_t factor2;
-  const bool fast = fp8_fast_factor<Element>(in.scale_bits, &factor2) &&
-                    (e4m3_nan_bytes(in.bytes.x) | e4m3_nan_bytes(in.bytes.y) | e4m3_nan_bytes(in.bytes.z) |
-                     e4m3_nan_bytes(in.bytes.w)) == 0;
-  if (__all_sync(0xffffffffu, fast)) {
-    e4m3x16_to_scaled<Element>(in.bytes, factor2, out);
-  } else {
-    const float scale = __uint_as_float(in.scale_bits);
-    out[0] = dequantize_e4m3x8<Element>(make_uint2(in.bytes.x, in.bytes.y), scale);
-    out[1] = dequantize_e4m3x8<Element>(make_uint2(in.bytes.z, in.bytes.w), scale);
-  }
-}
-
-// One dequantizing warp's share of a landed tile (after its raw_full wait): groups j with
-// (j + tile_count) % kWarps == warp, pair by pair, one group a step; the next step's loads go
-// before this step's stores (they read other rows, or the next pair's raw box, which no output of
-// this pair overwrites). After its rows of a pair the warp fences for the async proxy (the tensor
-// core reads the boxes through it) and arrives once on each of the pair's two full barriers, so a
-// box is complete after kWarps arrivals. The RoPE box: with bf16 q an arrival at once (it landed as
-// it is used), with fp16 q rounded in place first.
+// One dequantizing warp's share of a landed tile (after its raw_full wait): steps j (rows 4j .. 4j + 3)
+// with (j + tile_count) % kWarps == warp. After its last step the warp fences for the async proxy (the
+// tensor core reads the boxes through it) and arrives once on each V box's full barrier, so a box is
+// complete after kWarps arrivals. The RoPE box: with bf16 q an arrival at once (it landed as it is
+// used), with fp16 q rounded in place first.
 // box(b): the address of the tile's box b; full(b): its full barrier.
+//
+// Lane map, chosen so that every 128-bit load and store phase (8 lanes) touches 8 distinct 16-byte
+// bank groups. Lanes 8q .. 8q + 7 (quarter q) take rows r = 4j + 2(q / 2) and r + 1; lane 8q + 4t + p
+// converts pair p of row r + t, half h = t ^ (q % 2) of it (pair bytes 64h .. 64h + 63, the values of
+// output box 2p + h). Its chunks go in the order (i + p) % 4, so one load phase reads, per row, 4
+// distinct chunks of one half and of the other: 8 distinct 16-byte columns of a 128-byte line. A
+// chunk's 16 values are the output row's 16-byte chunks 2m and 2m + 1 (m = the chunk's index in its
+// half) under the 128-byte swizzle (chunk ^ (row % 8)): in one store phase the lanes of row r
+// (r even) write 2m + s ^ (r % 8) and those of row r + 1 write 2m + s ^ (r % 8) ^ 1, so the two
+// rows' 4 lanes each fall on the two parities: 8 distinct chunk positions.
 template <typename Element, int kWarps, typename BoxAddress, typename FullBarrier>
 __device__ __forceinline__ void dequantize_tile(BoxAddress box, FullBarrier full, const float (*scales)[kFp8Tiles],
                                                 int warp, int tile_count) {
   const int lane = threadIdx.x % 32;
-  const int chunk = lane % 8;             // bytes 16 chunk .. +15 of the row's pair: columns of the pair
-  const int row_in_group = lane / 8;
-  const int out_box = chunk / 4;          // 0: box 2k, 1: box 2k + 1
-  const int out_chunk = 2 * (chunk % 4);  // the first of the two 16-byte chunks (8 values each) it writes
-  // A row's 8 lanes store in one phase of a 128-bit store: lanes 0-3 to box 2k and lanes 4-7 to box
-  // 2k + 1 (8 KB apart, the same banks) would hit the same chunk positions. So lanes 4-7 convert
-  // their two halves in the other order and store the odd chunk first: each store covers all 8
-  // chunk positions of the row once.
-  const bool swap_halves = out_box == 1;
+  const int quarter = lane / 8;
+  const int pair = lane % 4;
+  const int row_in_pair = (lane / 4) % 2;                 // t: row r + t
+  const int half = row_in_pair ^ (quarter % 2);           // h: output box 2 pair + h
+  const int row_in_step = 2 * (quarter / 2) + row_in_pair;
+  const uint8_t* raw = box(kFp8RawFirstBox + pair) + half * (kFp8TileCols / 2);  // (64 rows, 128 bytes), no swizzle
+  uint8_t* out_box = box(2 * pair + half);                                       // (64 rows, 64 values), swizzled
   if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
     if (lane == 0) ptx::mbarrier_arrive(full(kKvRopeBox));
   }
-  const int first_group = (warp - tile_count % kWarps + kWarps) % kWarps;
-  const auto load = [&](int pair, int row) {
-    RawChunk r;
-    r.bytes = *reinterpret_cast<const uint4*>(box(kFp8RawFirstBox + pair) + row * kFp8TileCols + chunk * 16);
-    r.scale_bits = __float_as_uint(scales[row][pair]);
-    return r;
-  };
-  int pair = 0;
-  int row = first_group * kFp8RowsPerGroup + row_in_group;
-  RawChunk next = load(pair, row);
+  const int first_step = (warp - tile_count % kWarps + kWarps) % kWarps;
 #pragma unroll 1
-  for (;;) {
-    uint4 out[2];
-    if (swap_halves) next.bytes = make_uint4(next.bytes.z, next.bytes.w, next.bytes.x, next.bytes.y);
-    dequantize_chunk<Element>(next, out);
-    int next_pair = pair;
-    int next_row = row + kWarps * kFp8RowsPerGroup;
-    if (next_row >= kBlockN) {
-      next_row = first_group * kFp8RowsPerGroup + row_in_group;
-      ++next_pair;
+  for (int step = first_step; step < kFp8Steps; step += kWarps) {
+    const int row = step * kFp8RowsPerStep + row_in_step;
+    uint4 in[kFp8ChunksPerLane];  // in[i]: chunk (i + pair) % 4 of the half
+#pragma unroll
+    for (int i = 0; i < kFp8ChunksPerLane; ++i) {
+      in[i] = *reinterpret_cast<const uint4*>(raw + row * kFp8TileCols + ((i + pair) % kFp8ChunksPerLane) * 16);
     }
-    if (next_pair < kFp8Tiles) next = load(next_pair, next_row);
+    const uint32_t scale_bits = __float_as_uint(scales[row][pair]);
+    // Bit 7 of a byte of nan_bits is set iff that byte of some word is 0x7F or 0xFF
+    // (common/fp8_convert.cuh e4m3_nan_bytes, accumulated before its mask).
+    uint32_t nan_bits = 0;
+#pragma unroll
+    for (int i = 0; i < kFp8ChunksPerLane; ++i) {
+      nan_bits |= ((in[i].x & 0x7F7F7F7Fu) + 0x01010101u) | ((in[i].y & 0x7F7F7F7Fu) + 0x01010101u) |
+                  ((in[i].z & 0x7F7F7F7Fu) + 0x01010101u) | ((in[i].w & 0x7F7F7F7Fu) + 0x01010101u);
+    }
+    uint32_t factor2;
+    const bool fast = fp8_fast_factor<Element>(scale_bits, &factor2) && (nan_bits & 0x80808080u) == 0;
+    const bool all_fast = __all_sync(0xffffffffu, fast);
     __syncwarp();  // every lane of these rows has read its raw bytes before any lane overwrites them
-    uint4* dst = reinterpret_cast<uint4*>(box(2 * pair + out_box) + row * (kKvBoxCols * 2));
-    // The 128-byte swizzle: 16-byte chunk index ^ (row % 8). out[0] holds this lane's first
-    // (swap_halves: second) 8 values.
-    dst[(out_chunk + swap_halves) ^ (row & 7)] = out[0];
-    dst[(out_chunk + !swap_halves) ^ (row & 7)] = out[1];
-    if (next_pair != pair) {
-      // This warp's rows of the pair are written: visible to the tensor core (async proxy), then
-      // one arrival per box.
-      ptx::fence_proxy_async_smem();
-      __syncwarp();
-      if (lane == 0) {
-        ptx::mbarrier_arrive(full(2 * pair));
-        ptx::mbarrier_arrive(full(2 * pair + 1));
+    uint4* dst = reinterpret_cast<uint4*>(out_box + row * (kKvBoxCols * 2));
+    // in[i]'s 16 values are the output row's 16-byte chunks 2m, 2m + 1 (m = (i + pair) % 4), swizzled.
+    const auto store = [&](int i, const uint4 (&out)[2]) {
+      const int m = (i + pair) % kFp8ChunksPerLane;
+      dst[(2 * m) ^ (row & 7)] = out[0];
+      dst[(2 * m + 1) ^ (row & 7)] = out[1];
+    };
+    if (all_fast) {
+#pragma unroll
+      for (int i = 0; i < kFp8ChunksPerLane; ++i) {
+        uint4 out[2];
+        e4m3x16_to_scaled<Element>(in[i], factor2, out);
+        store(i, out);
       }
-      if (next_pair == kFp8Tiles) break;
+    } else {
+      const float scale = __uint_as_float(scale_bits);
+#pragma unroll
+      for (int i = 0; i < kFp8ChunksPerLane; ++i) {
+        const uint4 out[2] = {dequantize_e4m3x8<Element>(make_uint2(in[i].x, in[i].y), scale),
+                              dequantize_e4m3x8<Element>(make_uint2(in[i].z, in[i].w), scale)};
+        store(i, out);
+      }
     }
-    pair = next_pair;
-    row = next_row;
   }
+  // This warp's rows of every V box are written: visible to the tensor core (async proxy), then one
+  // arrival per box.
+  ptx::fence_proxy_async_smem();
+  __syncwarp();
+  if (lane < kKvBoxesV) ptx::mbarrier_arrive(full(lane));
   if constexpr (std::is_same_v<Element, __half>) {
-    // The RoPE box as fp16: each lane rounds a 16-byte chunk of its rows in place (any chunk order:
-    // the rounding is per value).
+    // The RoPE box as fp16: each lane rounds a 16-byte chunk of the warp's rows in place (any chunk
+    // order: the rounding is per value); a quarter-warp's 8 lanes one row.
     uint4* rope = reinterpret_cast<uint4*>(box(kKvRopeBox));
 #pragma unroll 1
-    for (int g = first_group; g < kFp8Groups; g += kWarps) {
-      uint4* p = rope + (g * kFp8RowsPerGroup + row_in_group) * 8 + chunk;
+    for (int step = first_step; step < kFp8Steps; step += kWarps) {
+      uint4* p = rope + (step * kFp8RowsPerStep + quarter) * 8 + lane % 8;
       *p = rope_bf16x8_to<Element>(*p);
     }
     ptx::fence_proxy_async_smem();

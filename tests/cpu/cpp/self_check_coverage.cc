@@ -13,8 +13,8 @@
 // The FP8 cache (the cases over it, for a candidate that reads it: self_check_cases.h kv_formats):
 // paths prefixed "fp8_". The model of the dequantizing warps (sm100/fp8_tiles.cuh, sm90/fp8_tiles.cuh):
 // a tile's rows as TMA lands them (a page chunk whose first token is past the length comes from past
-// the cache's end: zeros), cut into steps of 4 rows x one pair (128 columns), the warp vote's unit;
-// a step takes the fast path iff every row's scale passes fp8_fast_factor for the element type and no
+// the cache's end: zeros), cut into steps of kFp8RowsPerStep whole rows (all four pairs), the warp
+// vote's unit (common/fp8_tile.cuh dequantize_tile); a step takes the fast path iff every row's scale passes fp8_fast_factor for the element type and no
 // byte is NaN (common/fp8_convert.cuh, the kernels' own predicate). The rescale model runs on the
 // dequantized values (the exact fp32 products).
 #include <cmath>
@@ -188,10 +188,10 @@ void cover_fp8_steps(const Case& c, const Inputs& in) {
         }
       }
       if (oob) hit("fp8_rows_past_the_cache_end (zero-filled)", c);
-      for (int g = 0; g < kBlockN / 4; ++g) {
+      for (int g = 0; g < kBlockN / kFp8RowsPerStep; ++g) {
+        bool any_read = false, fast_bf = true, fast_h = true, dead_nan = false;
         for (int pair = 0; pair < kFp8Tiles; ++pair) {
-          bool any_read = false, fast_bf = true, fast_h = true, dead_nan = false;
-          for (int i = 4 * g; i < 4 * g + 4; ++i) {
+          for (int i = kFp8RowsPerStep * g; i < kFp8RowsPerStep * (g + 1); ++i) {
             const uint32_t sb = scale_bits_of(rows[i], pair);
             const bool nan_bytes = has_nan_byte(rows[i] + pair * kFp8TileCols, kFp8TileCols);
             uint32_t f;
@@ -222,13 +222,13 @@ void cover_fp8_steps(const Case& c, const Inputs& in) {
               }
             }
           }
-          if (!any_read) continue;
-          if (fast_bf) hit("fp8_fast_step_bfloat16", c);
-          if (fast_h) hit("fp8_fast_step_float16", c);
-          if (!fast_bf) hit("fp8_reference_step_bfloat16", c);
-          if (!fast_h) hit("fp8_reference_step_float16", c);
-          if (dead_nan) hit("fp8_reference_step_for_a_dead_row's_NaN", c);
         }
+        if (!any_read) continue;
+        if (fast_bf) hit("fp8_fast_step_bfloat16", c);
+        if (fast_h) hit("fp8_fast_step_float16", c);
+        if (!fast_bf) hit("fp8_reference_step_bfloat16", c);
+        if (!fast_h) hit("fp8_reference_step_float16", c);
+        if (dead_nan) hit("fp8_reference_step_for_a_dead_row's_NaN", c);
       }
     }
   }
