@@ -114,29 +114,15 @@ __device__ __forceinline__ void dequantize_tile(BoxAddress box, FullBarrier full
     if (lane == 0) ptx::mbarrier_arrive(full(kKvRopeBox));
   }
   const int first_step = (warp - tile_count % kWarps + kWarps) % kWarps;
-  // A step's loads: its rows' raw bytes and scales. The next step's are issued before this step's
-  // conversion (other rows: no store of this step touches them), so their latency hides behind it.
-  struct StepInput {
-    uint4 in[kFp8ChunksPerLane];  // in[i]: chunk (i + pair) % 4 of the half
-    uint32_t scale_bits;
-  };
-  const auto load_step = [&](int step, StepInput& x) {
-    const int row = step * kFp8RowsPerStep + row_in_step;
-#pragma unroll
-    for (int i = 0; i < kFp8ChunksPerLane; ++i) {
-      x.in[i] = *reinterpret_cast<const uint4*>(raw + row * kFp8TileCols + ((i + pair) % kFp8ChunksPerLane) * 16);
-    }
-    x.scale_bits = __float_as_uint(scales[row][pair]);
-  };
-  StepInput next;
-  load_step(first_step, next);
 #pragma unroll 1
   for (int step = first_step; step < kFp8Steps; step += kWarps) {
     const int row = step * kFp8RowsPerStep + row_in_step;
-    const StepInput cur = next;
-    const uint4 (&in)[kFp8ChunksPerLane] = cur.in;
-    const uint32_t scale_bits = cur.scale_bits;
-    if (step + kWarps < kFp8Steps) load_step(step + kWarps, next);
+    uint4 in[kFp8ChunksPerLane];  // in[i]: chunk (i + pair) % 4 of the half
+#pragma unroll
+    for (int i = 0; i < kFp8ChunksPerLane; ++i) {
+      in[i] = *reinterpret_cast<const uint4*>(raw + row * kFp8TileCols + ((i + pair) % kFp8ChunksPerLane) * 16);
+    }
+    const uint32_t scale_bits = __float_as_uint(scales[row][pair]);
     // Bit 7 of a byte of nan_bits is set iff that byte of some word is 0x7F or 0xFF
     // (common/fp8_convert.cuh e4m3_nan_bytes, accumulated before its mask).
     uint32_t nan_bits = 0;
