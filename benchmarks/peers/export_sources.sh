@@ -6,12 +6,20 @@
 # snapshot of each public repository.
 #
 #   bash benchmarks/peers/export_sources.sh FLASHMLA_GIT FLASH_ATTENTION_GIT CUTLASS_GIT
+#   PEERS=sparse bash benchmarks/peers/export_sources.sh FLASHMLA_GIT - CUTLASS_GIT
 #
 # Each argument is a git directory holding that repository's history (a clone, or the `fetch`
-# tool's snapshot, e.g. /work/.mirror/deepseek-ai+FlashMLA/repo).
+# tool's snapshot, e.g. /work/.mirror/deepseek-ai+FlashMLA/repo). PEERS (as build.sh's; default
+# "dense fa3 sparse"): without fa3, FlashAttention-3 and its CUTLASS are not exported (29 MB instead
+# of 57, small enough to carry to the device beside a wheel) and FLASH_ATTENTION_GIT may be "-".
 set -euo pipefail
-[ $# -eq 3 ] || { sed -n 2,10p "$0"; exit 2; }
+[ $# -eq 3 ] || { sed -n 2,13p "$0"; exit 2; }
 FLASHMLA_GIT=$1 FA_GIT=$2 CUTLASS_GIT=$3
+PEERS=${PEERS:-dense fa3 sparse}
+want() { case " $PEERS " in *" $1 "*) return 0 ;; esac; return 1; }
+for p in $PEERS; do
+  case "$p" in dense|fa3|sparse) ;; *) echo "PEERS: unknown peer $p (dense, fa3, sparse)" >&2; exit 2 ;; esac
+done
 HERE="$(cd "$(dirname "$0")" && pwd)"
 . "$HERE/pins.sh"
 DEST="$(cd "$HERE/../.." && pwd)/.peers/src"
@@ -37,18 +45,20 @@ export_tree "$CUTLASS_GIT" "$FLASHMLA_CUTLASS_COMMIT" "$DEST/cutlass-flashmla" i
 
 # FlashAttention-3: hopper/'s headers and API, the combine and scheduler kernels, and the five
 # hdim 64 / 512 bf16 SM90 forward instantiations its dispatch can pick for paged MLA decode.
-fa_files=$(git --git-dir="$FA_GIT" ls-tree --name-only "$FA_COMMIT" hopper/ |
-           grep -E '\.(h|hpp|cpp|cu)$' | grep -v -E '^hopper/(test_|benchmark_)')
-fa_inst=""
-for v in "" _packgqa _paged _split _paged_split; do
-  fa_inst="$fa_inst hopper/instantiations/flash_fwd_hdim64_512_bf16${v}_sm90.cu"
-done
-# shellcheck disable=SC2086
-export_tree "$FA_GIT" "$FA_COMMIT" "$DEST/fa3" $fa_files $fa_inst
-export_tree "$CUTLASS_GIT" "$FA_CUTLASS_COMMIT" "$DEST/cutlass-fa3" include
+if want fa3; then
+  fa_files=$(git --git-dir="$FA_GIT" ls-tree --name-only "$FA_COMMIT" hopper/ |
+             grep -E '\.(h|hpp|cpp|cu)$' | grep -v -E '^hopper/(test_|benchmark_)')
+  fa_inst=""
+  for v in "" _packgqa _paged _split _paged_split; do
+    fa_inst="$fa_inst hopper/instantiations/flash_fwd_hdim64_512_bf16${v}_sm90.cu"
+  done
+  # shellcheck disable=SC2086
+  export_tree "$FA_GIT" "$FA_COMMIT" "$DEST/fa3" $fa_files $fa_inst
+  export_tree "$CUTLASS_GIT" "$FA_CUTLASS_COMMIT" "$DEST/cutlass-fa3" include
+fi
 
 {
   echo "flashmla $FLASHMLA_COMMIT cutlass $FLASHMLA_CUTLASS_COMMIT"
-  echo "flash-attention $FA_COMMIT cutlass $FA_CUTLASS_COMMIT"
+  if want fa3; then echo "flash-attention $FA_COMMIT cutlass $FA_CUTLASS_COMMIT"; fi
 } > "$DEST/PINS"
 echo "exported to $DEST ($(du -sh "$DEST" | cut -f1)):"; cat "$DEST/PINS"
