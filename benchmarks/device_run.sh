@@ -421,6 +421,16 @@ run_raceprobe() {
       > "$OUT/raceprobe-$m.log" 2>&1
     echo "mode $m: exit $?"; grep -E "^mode|SUMMARY" "$OUT/raceprobe-$m.log"
   done
+  # The FP8 path's slot reuse, ordered through a bulk copy's transaction count
+  # (benchmarks/racecheck_tma_probe.cu; modes: 0 the kernel's order, 1 a real race, 2 no copy engine).
+  echo "== racecheck probe of the slot reuse (benchmarks/racecheck_tma_probe.cu)"
+  nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a benchmarks/racecheck_tma_probe.cu -o /tmp/racecheck_tma_probe \
+    > "$OUT/raceprobe-tma-build.log" 2>&1 || { echo "build failed"; tail -5 "$OUT/raceprobe-tma-build.log"; status=1; return; }
+  for m in 0 1 2; do
+    timeout 60 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 2 /tmp/racecheck_tma_probe $m \
+      > "$OUT/raceprobe-tma-$m.log" 2>&1
+    echo "mode $m: exit $?"; grep -E "^mode|SUMMARY" "$OUT/raceprobe-tma-$m.log"
+  done
 }
 
 # The device's kernel choice as the extension sees it (kernel_info, then cuda_call_stats: decode
