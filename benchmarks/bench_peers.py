@@ -19,9 +19,13 @@ Method (docs/performance.md):
   rounds of step time / calls.
 - Before timing, one call of each is checked: the three outputs and LSEs against each other, and
   against a float64 reference for the first and last request.
+- --fp8 adds a fourth column, jax_mla[fp8]: jax_mla over jax_mla.pack_fp8_kv of the same cache
+  (issue #36; the peers have no dense FP8 decode), in the same interleaved rounds, checked against
+  the float64 reference on the dequantized rows (unpack_fp8_kv). Its GB/s count FP8 bytes (656 a
+  token); its ratio is to the best bf16 peer.
 
 Usage: python benchmarks/bench_peers.py [--peers .peers/lib] [--only NAME[,NAME...]] [--repeats 15]
-                                        [--json out.json] [--label TEXT] [--profile]
+                                        [--json out.json] [--label TEXT] [--profile] [--fp8]
 """
 
 from __future__ import annotations
@@ -134,6 +138,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--json", default=None)
     ap.add_argument("--label", default="", help="recorded in the JSON (e.g. the jax_mla commit)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="also time jax_mla over the FP8 cache of the same rows (column jax_mla[fp8])")
     ap.add_argument("--profile", action="store_true",
                     help="no timing: after the checks, one call of each inside cudaProfilerStart/Stop "
                          "(ncu --profile-from-start off); use with --only")
@@ -148,6 +154,7 @@ def main() -> int:
     import jax_mla
 
     flashmla, fa3, pins = load_peers(args.peers)
+    impls = IMPLS + (("jax_mla[fp8]",) if args.fp8 else ())
     device = torch.cuda.get_device_name()
     print(f"# {device}; torch {torch.__version__}, jax {jax.__version__}, jax_mla {jax_mla.__version__} "
           f"{args.label}", flush=True)
@@ -204,9 +211,15 @@ def main() -> int:
         decode = lambda q, c, t, s, sch: jax_mla.mla_decode(q, c, t, s, causal=cfg.causal,  # noqa: E731
                                                             return_lse=True, schedule=sch)
 
+        # The FP8 cache of the same rows (issue #36): jax_mla alone reads it.
+        cache_fp8 = jax.jit(jax_mla.pack_fp8_kv)(cache.astype(jnp.float32)) if args.fp8 else None
+
         # --- agreement: one call of each on table 0; float64 reference for the first and last request ---
         out_j, lse_j = jax.jit(decode)(q, cache, tables[0], seq_lens, sched)
         got = {"jax_mla": (np.asarray(out_j, np.float32), np.asarray(lse_j))}
+        if args.fp8:
+            out_f, lse_f = jax.jit(decode)(q, cache_fp8, tables[0], seq_lens, sched)
+            got["jax_mla[fp8]"] = (np.asarray(out_f, np.float32), np.asarray(lse_f))
         for name, fn in (("flashmla", call_flashmla), ("fa3", call_fa3)):
             o, l = fn(0)
             got[name] = (o.float().cpu().numpy(), l.float().permute(0, 2, 1).cpu().numpy())  # lse (b, h, s_q)
@@ -221,8 +234,8 @@ def main() -> int:
                         lse_max_abs=float(np.abs(got[a][1] - got[b][1]).max()))
         q_h, table_h = np.asarray(q, np.float32), np.asarray(tables[0])
         lens_h = cfg.seq_lens()
-        ref_err = {name: 0.0 for name in IMPLS}
-        ref_lse = {name: 0.0 for name in IMPLS}
+        ref_err = {name: 0.0 for name in impls}
+        ref_lse = {name: 0.0 for name in impls}
         for r in sorted({0, cfg.batch - 1}):
             if lens_h[r] == 0:
                 continue  # no key: nothing for a relative error to measure
@@ -231,12 +244,18 @@ def main() -> int:
             kv_rows = np.asarray(cache[jnp.asarray(pages)], np.float32)  # (pages, page, 576)
             ref_o, ref_l = reference_request(q_h[r], kv_rows, np.arange(len(pages)), int(lens_h[r]), cfg.causal,
                                              scale)
-            for name in IMPLS:
+            refs = {name: (ref_o, ref_l) for name in IMPLS}
+            if args.fp8:  # the reference on the dequantized rows
+                rows_fp8 = np.asarray(jax_mla.unpack_fp8_kv(cache_fp8[jnp.asarray(pages)]), np.float32)
+                refs["jax_mla[fp8]"] = reference_request(q_h[r], rows_fp8, np.arange(len(pages)), int(lens_h[r]),
+                                                         cfg.causal, scale)
+            for name in impls:
                 o, l = got[name][0][r], got[name][1][r]
-                ref_err[name] = max(ref_err[name], float(np.linalg.norm(o - ref_o) / np.linalg.norm(ref_o)))
-                ref_lse[name] = max(ref_lse[name], float(np.abs(l - ref_l).max()))
+                ro, rl = refs[name]
+                ref_err[name] = max(ref_err[name], float(np.linalg.norm(o - ro) / np.linalg.norm(ro)))
+                ref_lse[name] = max(ref_lse[name], float(np.abs(l - rl).max()))
         del got
-        bad = [n for n in IMPLS if not (ref_err[n] <= MAX_OUT_REL_ERR and ref_lse[n] <= MAX_LSE_ABS_ERR)]
+        bad = [n for n in impls if not (ref_err[n] <= MAX_OUT_REL_ERR and ref_lse[n] <= MAX_LSE_ABS_ERR)]
         if bad:
             print(f"# {cfg.name}: CHECK FAILED for {bad}: out rel err {ref_err}, LSE abs err {ref_lse}", flush=True)
             failed.append((cfg.name, bad))
@@ -252,34 +271,40 @@ def main() -> int:
                 acc = acc + out[0, 0, 0, i % 512].astype(jnp.float32)
             return acc
         jstep = jax.jit(jax_step)
+        args_of = {"jax_mla": (q, cache, tables, seq_lens, sched)}
+        if args.fp8:
+            args_of["jax_mla[fp8]"] = (q, cache_fp8, tables, seq_lens, sched)
 
         graphs = {"flashmla": capture_graph(call_flashmla, calls), "fa3": capture_graph(call_fa3, calls)}
 
         def run(name):
             t0 = time.perf_counter()
-            if name == "jax_mla":
-                jax.block_until_ready(jstep(q, cache, tables, seq_lens, sched))
+            if name in args_of:
+                jax.block_until_ready(jstep(*args_of[name]))
             else:
                 graphs[name].replay()
                 torch.cuda.synchronize()
             return (time.perf_counter() - t0) / calls * 1e6
 
-        times = time_interleaved(run, IMPLS, args.repeats)
+        times = time_interleaved(run, impls, args.repeats)
         us = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
         best_peer = min(us["flashmla"], us["fa3"])
         row = dict(name=cfg.name, batch=cfg.batch, seq_q=cfg.seq_q, heads=cfg.heads, causal=cfg.causal,
                    tokens=int(cfg.seq_lens().sum()), calls=calls, sets=num_sets, us=us,
                    spread={n: (min(t), max(t)) for n, t in times.items()},
                    ratio_to_best_peer=us["jax_mla"] / best_peer,
-                   gbps={n: cfg.bytes() / (u * 1e-6) / 1e9 for n, u in us.items()},
+                   gbps={n: cfg.bytes(656 if n == "jax_mla[fp8]" else 2 * 576) / (u * 1e-6) / 1e9
+                         for n, u in us.items()},
                    tflops={n: cfg.flops() / (u * 1e-6) / 1e12 for n, u in us.items()},
                    agreement=agree, ref_out_rel=ref_err, ref_lse_max_abs=ref_lse)
         rows.append(row)
-        print(f"# {cfg.name:<26} " + "  ".join(f"{n} {us[n]:7.1f}" for n in IMPLS)
+        if args.fp8:
+            row["fp8_ratio_to_best_peer"] = us["jax_mla[fp8]"] / best_peer
+        print(f"# {cfg.name:<26} " + "  ".join(f"{n} {us[n]:7.1f}" for n in impls)
               + f"  ratio {row['ratio_to_best_peer']:.2f}  (calls {calls}, sets {num_sets}, "
               f"{time.perf_counter() - t_cfg:.0f} s)", flush=True)
         dump_json(partial=True)
-        del graphs, jstep, q, cache, tables, seq_lens, q_t, cache_t, tables_t, lens_t, kcache4
+        del graphs, jstep, args_of, cache_fp8, q, cache, tables, seq_lens, q_t, cache_t, tables_t, lens_t, kcache4
         del q_nope, q_rope, v_cache, k_cache, fm_meta, fm_splits, fa_meta
         torch.cuda.empty_cache()
 
@@ -291,11 +316,17 @@ def main() -> int:
         print(f"{r['name']:<26} {r['us']['flashmla']:9.1f} {r['us']['fa3']:9.1f} {r['us']['jax_mla']:9.1f} "
               f"{r['ratio_to_best_peer']:6.2f} | " + "/".join(f"{r['gbps'][n]:.0f}" for n in IMPLS)
               + " | " + "/".join(f"{r['tflops'][n]:.0f}" for n in IMPLS))
+    if args.fp8:
+        print()
+        print(f"{'config':<26} {'jax_mla[fp8]':>12} {'ratio':>6} (to the best bf16 peer) | GB/s in FP8 bytes | TFLOP/s")
+        for r in rows:
+            print(f"{r['name']:<26} {r['us']['jax_mla[fp8]']:12.1f} {r['fp8_ratio_to_best_peer']:6.2f} | "
+                  f"{r['gbps']['jax_mla[fp8]']:.0f} | {r['tflops']['jax_mla[fp8]']:.0f}")
     print()
     print(f"{'config':<26} agreement: out rel err, LSE max abs diff | vs float64 (first, last request): out rel err")
     for r in rows:
         a = "  ".join(f"{k} {v['out_rel']:.1e}/{v['lse_max_abs']:.1e}" for k, v in r["agreement"].items())
-        e = " ".join(f"{n} {r['ref_out_rel'][n]:.1e}" for n in IMPLS)
+        e = " ".join(f"{n} {r['ref_out_rel'][n]:.1e}" for n in r["ref_out_rel"])
         print(f"{r['name']:<26} {a} | {e}")
     dump_json(partial=False)
     if failed:
