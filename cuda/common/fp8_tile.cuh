@@ -73,19 +73,6 @@ __device__ __forceinline__ void load_fp8_tile(BoxAddress box, float (*scales)[kF
   }
 }
 
-// L2 prefetches of the copies load_fp8_tile would issue for a located tile.
-__device__ __forceinline__ void prefetch_fp8_tile(const PagedKV& kv, const TileSource& t, const CUtensorMap* scale_map,
-                                                  const CUtensorMap* rope_map) {
-#pragma unroll
-  for (int c = 0; c < kBlockN / kMinGpuPageSize; ++c) {
-    if (c >= t.copies) break;
-#pragma unroll
-    for (int pair = 0; pair < kFp8Tiles; ++pair) ptx::tma_prefetch_2d(kv.map, pair * kFp8TileCols, t.rows[c]);
-    ptx::tma_prefetch_2d(scale_map, kFp8ScalesOffset, t.rows[c]);
-    ptx::tma_prefetch_2d(rope_map, kFp8RopeOffset / 2, t.rows[c]);
-  }
-}
-
 // The rewrite's step: one warp converts kFp8RowsPerStep whole rows (their 4 x 128 e4m3 bytes), each
 // lane kFp8ChunksPerLane 16-byte chunks of one row and one pair (64 values under one scale), so the
 // scale decode, the NaN vote and the addressing are paid once per 64 values and the four chunks are

@@ -147,18 +147,9 @@ __device__ __forceinline__ void copy_box(Element* box_dst, const PagedKV& kv, ui
   }
 }
 
-// The L2 prefetches of a located tile's box `box`, as copy_box's copies.
-__device__ __forceinline__ void prefetch_box(const PagedKV& kv, int box, const TileSource& t) {
-#pragma unroll
-  for (int k = 0; k < kBlockN / kMinGpuPageSize; ++k) {
-    if (k < t.copies) ptx::tma_prefetch_2d(kv.map, box * kKvBoxCols, t.rows[k]);
-  }
-}
-
 template <typename Element, int kNumStages>
 struct DecodeKVProducer {
   static constexpr int kRingTiles = kNumStages;
-  static constexpr int kPrefetchAhead = 0;  // produce_part: no L2 prefetch of later tiles
   KVPipelineBarriers<kNumStages>* bars;
   Element* smem;  // (stage, box, BLK_N, 64)
   PipelineState<kNumStages> state;
@@ -259,12 +250,6 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePro
       }
       if (blk == w.end_block) break;
       const auto source = producer.locate_tile(kv, blk * kBlockN);  // block-table reads overlap the wait
-      // The piece's tile kPrefetchAhead later into L2 now, while this tile waits for its position:
-      // when that tile's position frees, its copies find it there.
-      if constexpr (Producer::kPrefetchAhead > 0) {
-        const int ahead = blk + Producer::kPrefetchAhead;
-        if (ahead < w.end_block && wd.live()) producer.prefetch_tile(kv, producer.locate_tile(kv, ahead * kBlockN));
-      }
       producer.acquire(wd);
       on_tile(ordinal, producer.tile_stage(), source.ok);
       if (wd.live()) producer.load_tile(kv, source, wd.withheld_box(tile));
@@ -348,9 +333,6 @@ struct TileSlots {
 template <typename Element, int kNumSlots>
 struct BoxRingProducer {
   static constexpr int kRingTiles = kNumSlots / kKvBoxesQK;
-  // produce_part prefetches into L2 the tile it will load this many tiles later (prefetch_tile)
-  // before waiting for the current tile's position: the ring is full, the L2 is not.
-  static constexpr int kPrefetchAhead = kRingTiles;
   BoxRingBarriers<kNumSlots>* bars;
   Element* smem;  // (slot, BLK_N, 64)
   TileSlots<kNumSlots> tile;
@@ -393,16 +375,6 @@ struct BoxRingProducer {
       ptx::mbarrier_arrive_expect_tx(bar, kKvBoxBytes);
       copy_box(smem + static_cast<size_t>(slot) * kKvBoxElems, kv, bar, box, t);
     }
-  }
-  // L2 prefetches of the copies load_tile would issue for a located tile.
-  __device__ __forceinline__ void prefetch_tile(const PagedKV& kv, const TileSource& t) const {
-    if (group_map != nullptr) {
-#pragma unroll 1
-      for (int box = 0; box < kKvBoxesQK; box += kBoxesPerGroup) ptx::tma_prefetch_3d(group_map, 0, t.rows[0], box);
-      return;
-    }
-#pragma unroll 1
-    for (int box = 0; box < kKvBoxesQK; ++box) prefetch_box(kv, box, t);
   }
   __device__ __forceinline__ void commit_step() { tile.advance(); }
   __device__ __forceinline__ int tile_stage() const { return tile.first; }

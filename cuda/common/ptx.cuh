@@ -115,20 +115,6 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
       : "memory");
 }
 
-// L2 prefetch of the box a tma_load_2d / tma_load_3d with the same map and coordinates would copy
-// (no shared memory, no barrier: a hint; boxes partly or wholly out of bounds are fine).
-__device__ __forceinline__ void tma_prefetch_2d(const CUtensorMap* map, int col, int row) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(reinterpret_cast<uint64_t>(map)),
-               "r"(col), "r"(row)
-               : "memory");
-}
-__device__ __forceinline__ void tma_prefetch_3d(const CUtensorMap* map, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
-}
-
 // ---- fences and barriers --------------------------------------------------------------------
 
 // Orders this thread's ordinary shared-memory writes before later async-proxy accesses

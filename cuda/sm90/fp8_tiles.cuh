@@ -41,9 +41,6 @@ struct Fp8RingProducer : BoxRingProducer<Element, kNumSlots> {
     load_fp8_tile([&](int b) { return ring + static_cast<size_t>(tile.slot(b)) * kKvBoxBytes; },
                   staging->scales[position], &staging->raw_full[position], kv, t, scale_map, rope_map);
   }
-  __device__ __forceinline__ void prefetch_tile(const PagedKV& kv, const TileSource& t) const {
-    prefetch_fp8_tile(kv, t, scale_map, rope_map);
-  }
 };
 
 // warp: 0..kDequantWarps-1 (warps 1-3 of warpgroup 0). Walks the same tiles in the same order as the
