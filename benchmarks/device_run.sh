@@ -410,26 +410,22 @@ run_tmabw() {
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 
-# Whether racecheck honours a named barrier over part of a CTA (benchmarks/racecheck_probe.cu: the
-# SM90 epilogue's row-sum exchange alone; mode 2 is the racy control that must be reported).
+# Racecheck probes, modes 0 1 2 each under racecheck:
+#   racecheck_probe.cu      whether racecheck honours a named barrier over part of a CTA (the SM90
+#                           epilogue's row-sum exchange alone; mode 2 is the racy control);
+#   racecheck_tma_probe.cu  whether it follows an ordering through a bulk copy's transaction count
+#                           (the FP8 path's slot reuse; 0 the kernel's order, 1 a real race, 2 no copy engine).
 run_raceprobe() {
-  echo "== racecheck probe (benchmarks/racecheck_probe.cu)"
-  nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a benchmarks/racecheck_probe.cu -o /tmp/racecheck_probe \
-    > "$OUT/raceprobe-build.log" 2>&1 || { echo "build failed"; tail -5 "$OUT/raceprobe-build.log"; status=1; return; }
-  for m in 0 1 2; do
-    timeout 60 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 2 /tmp/racecheck_probe $m \
-      > "$OUT/raceprobe-$m.log" 2>&1
-    echo "mode $m: exit $?"; grep -E "^mode|SUMMARY" "$OUT/raceprobe-$m.log"
-  done
-  # The FP8 path's slot reuse, ordered through a bulk copy's transaction count
-  # (benchmarks/racecheck_tma_probe.cu; modes: 0 the kernel's order, 1 a real race, 2 no copy engine).
-  echo "== racecheck probe of the slot reuse (benchmarks/racecheck_tma_probe.cu)"
-  nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a benchmarks/racecheck_tma_probe.cu -o /tmp/racecheck_tma_probe \
-    > "$OUT/raceprobe-tma-build.log" 2>&1 || { echo "build failed"; tail -5 "$OUT/raceprobe-tma-build.log"; status=1; return; }
-  for m in 0 1 2; do
-    timeout 60 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 2 /tmp/racecheck_tma_probe $m \
-      > "$OUT/raceprobe-tma-$m.log" 2>&1
-    echo "mode $m: exit $?"; grep -E "^mode|SUMMARY" "$OUT/raceprobe-tma-$m.log"
+  local probe
+  for probe in racecheck_probe racecheck_tma_probe; do
+    echo "== $probe (benchmarks/$probe.cu)"
+    nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a "benchmarks/$probe.cu" -o "/tmp/$probe" \
+      > "$OUT/$probe-build.log" 2>&1 || { echo "build failed"; tail -5 "$OUT/$probe-build.log"; status=1; continue; }
+    for m in 0 1 2; do
+      timeout 60 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 2 "/tmp/$probe" $m \
+        > "$OUT/$probe-$m.log" 2>&1
+      echo "mode $m: exit $?"; grep -E "^mode|SUMMARY" "$OUT/$probe-$m.log"
+    done
   done
 }
 

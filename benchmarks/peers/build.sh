@@ -35,11 +35,7 @@ if [ -z "${CUDA_HOME:-}" ]; then
 fi
 [ -f "$CUDA_HOME/include/cuda_fp16.h" ] || { echo "no CUDA headers under $CUDA_HOME: set CUDA_HOME" >&2; exit 1; }
 JOBS=${JOBS:-$(nproc)}
-PEERS=${PEERS:-dense fa3 sparse}
-want() { case " $PEERS " in *" $1 "*) return 0 ;; esac; return 1; }
-for p in $PEERS; do
-  case "$p" in dense|fa3|sparse) ;; *) echo "PEERS: unknown peer $p (dense, fa3, sparse)" >&2; exit 2 ;; esac
-done
+. "$HERE/pins.sh"  # PEERS and want
 mkdir -p "$OBJ" "$LIB"
 
 # torch's CUDA headers include cuBLAS / cuSPARSE / cuSOLVER headers: from the toolkit, or from the

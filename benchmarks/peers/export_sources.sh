@@ -15,11 +15,6 @@
 set -euo pipefail
 [ $# -eq 3 ] || { sed -n 2,13p "$0"; exit 2; }
 FLASHMLA_GIT=$1 FA_GIT=$2 CUTLASS_GIT=$3
-PEERS=${PEERS:-dense fa3 sparse}
-want() { case " $PEERS " in *" $1 "*) return 0 ;; esac; return 1; }
-for p in $PEERS; do
-  case "$p" in dense|fa3|sparse) ;; *) echo "PEERS: unknown peer $p (dense, fa3, sparse)" >&2; exit 2 ;; esac
-done
 HERE="$(cd "$(dirname "$0")" && pwd)"
 . "$HERE/pins.sh"
 DEST="$(cd "$HERE/../.." && pwd)/.peers/src"
