@@ -81,7 +81,7 @@ __device__ __forceinline__ void load_fp8_tile(BoxAddress box, float (*scales)[kF
 // (kFp8ChunksPerLane, kFp8RowsPerStep: config.h, where the host model of the steps reads them.)
 inline constexpr int kFp8Steps = kBlockN / kFp8RowsPerStep;  // 16 a tile
 static_assert(kFp8TileCols / 16 == 2 * kFp8ChunksPerLane, "a lane converts one half of a pair: one output box row");
-static_assert(kFp8RowsPerStep == 4 && kBlockN % kFp8RowsPerStep == 0, "the lane map below: two row pairs a step");
+static_assert(kFp8RowsPerStep == 4, "the lane map below: two row pairs a step");
 
 // One dequantizing warp's share of a landed tile (after its raw_full wait): steps j (rows 4j .. 4j + 3)
 // with (j + tile_count) % kWarps == warp. After its last step the warp fences for the async proxy (the
