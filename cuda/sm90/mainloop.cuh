@@ -33,7 +33,6 @@
 #include "../common/work_iterator.h"
 #include "config.h"
 #include "epilogue.cuh"
-#include "fp8_tiles.cuh"
 #include "launch_plan.h"
 #include "softmax.cuh"
 #include "split_merge.cuh"
@@ -198,14 +197,14 @@ __device__ __forceinline__ void other_step(SharedStorage<Element>& s, const Tile
 }
 
 // wd: the wait policy (common/watchdog.cuh); the watchdog instantiation never merges in the kernel.
-// kNextScoresFirst (in the body): in the other consumer's step, whether S of the next tile starts
-// (its first box, behind our P V) before we release our boxes of this tile, or only after the
-// release. Starting it first keeps the tensor pipe going, but its first box must have landed, so the
-// release of tile g then waits for tile g + 1's box 0. A 16-bit cache's box 0 lands by TMA while
-// tile g is consumed; an FP8 cache's boxes complete together, once the dequantizing warps rewrote
-// the whole of tile g + 1, and the raw bytes of tile g + 2 go into g's position only after that
-// release: load and rewrite of consecutive tiles would run one after the other (false for FP8).
-template <typename Element, bool kFp8, typename W>
+// kNextScoresFirst: in the other consumer's step, whether S of the next tile starts (its first box,
+// behind our P V) before we release our boxes of this tile, or only after the release. Starting it
+// first keeps the tensor pipe going, but its first box must have landed, so the release of tile g
+// then waits for tile g + 1's box 0. A 16-bit cache's box 0 lands by TMA while tile g is consumed;
+// an FP8 cache's boxes complete together, once the dequantizing warps rewrote the whole of tile
+// g + 1, and the raw bytes of tile g + 2 go into g's position only after that release: load and
+// rewrite of consecutive tiles would run one after the other (false for the FP8 cache).
+template <typename Element, bool kNextScoresFirst, typename W>
 __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const DecodeProblem& p, const LaunchPlan& plan,
                                               const PartWork& work, int m_block, int consumer, bool grouped_copies,
                                               const W& wd) {
@@ -217,17 +216,6 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
   TileCursor st;  // ring position and owner of the CTA's next tile
   const int rows_valid = min(kBlockM, p.rows - m_block * kBlockM);
   const int merge_thread = consumer * 128 + thread;  // 0..255 over both consumers, warps aligned
-  constexpr bool kNextScoresFirst = !kFp8;
-  int tile_count = 0;  // the CTA's tiles so far: the index of tile st (the rewrite's rotation)
-  // FP8 cache with plan.owner_rewrites: our share of a tile we own, right before its S (the raw
-  // bytes landed once the position was released, which both consumers did before this point).
-  const auto rewrite_own = [&](const TileCursor& t, int count) {
-    if constexpr (kFp8) {
-      if (plan.owner_rewrites) {
-        rewrite_share<Element, kDequantWarpsWithOwner>(s, t.slots, count, kDequantWarps + thread / 32, wd);
-      }
-    }
-  };
 
   work.for_each_piece([&](const PieceOfWork& w, int ordinal) {
     const int seq_len = work.seq_len(w);
@@ -257,7 +245,6 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
     bool has_pending = false;  // our in-flight P V still reads our boxes of tile `pending`
     TileCursor pending;
     if (st.owner == consumer) {
-      rewrite_own(st, tile_count);
       issue_scores(s, kv, st, sc);
     }
 #pragma unroll 1
@@ -295,17 +282,14 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
           wgmma_wait<first_boxes>();
           fence_operands(o);
           if (elected) kv.release_tile(st.slots);
-          if (!kNextScoresFirst) rewrite_own(st.next(), tile_count + 1);
           issue_scores(s, kv, st.next(), sc, first_boxes, kKvBoxesQK);
           st.advance();
-          ++tile_count;
           continue;
         }
       }
       has_pending = true;
       pending = st;
       st.advance();
-      ++tile_count;
     }
     wgmma_wait<0>();
     fence_operands(o);
