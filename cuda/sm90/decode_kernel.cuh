@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    consumer_main<Element, !kFp8>(s, p, plan, work, m_block, warpgroup - 1, grouped_copies, wd);
+    consumer_main(s, p, plan, work, m_block, warpgroup - 1, grouped_copies, wd);
   }
   wd.settle();  // an expired watchdog instantiation: let its last copies and wgmmas land
   // A no-op for correctness (every warp is converged here), but ptxas needs the roles to rejoin at a
