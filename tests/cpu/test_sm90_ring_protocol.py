@@ -23,6 +23,14 @@ passed it for the previous tile (its arrival count would complete without the ot
 Deliberately broken protocols must fail these checks, so the model can tell a wrong order from a
 right one: a release before the P V completed, a ring of one tile, a lookahead past the ring
 (deadlock), Q loaded without waiting for q_empty, two flag slots.
+
+The FP8 cache (sm90/fp8_tiles.cuh) is modelled too: the producer lands a tile's raw bytes as a whole
+once its position is free, warps 1-3 of warpgroup 0 (one actor) rewrite every tile in order in
+place, and a box is full once every rewriter arrived; optionally the tile's owner rewrites a share
+right before its S (an experiment, d363b13), and either release order of the other consumer's
+step (S's first box before the release, as consumer_main; or after it, 2b97cfd). Checked as above,
+plus: raw bytes never land in, and no rewrite writes, a slot a wgmma still reads; a rewrite reads
+the raw bytes of its own tile.
 """
 
 from __future__ import annotations
@@ -67,6 +75,12 @@ def produce(model, slot_free):
             if j == length:
                 break
             t = g + j
+            if model.fp8:  # Fp8RingProducer: acquire the position (box 0's slot), then the raw bytes
+                prev = BOXES * t - model.n
+                if prev >= 0:
+                    yield slot_free(*divmod(prev, BOXES))
+                model.load_raw(t)
+                continue
             for b in range(BOXES):
                 prev = BOXES * t + b - model.n  # the box that last held this slot
                 if prev >= 0:
@@ -87,7 +101,7 @@ def interleave(actors, seed):
     while any(live):
         ready = [i for i, w in enumerate(waits) if live[i] and w()]
         if not ready:
-            raise ProtocolError(f"deadlock (producer, consumer 0, consumer 1 alive: {live})")
+            raise ProtocolError(f"deadlock (producer, consumer 0, consumer 1[, rewriter] alive: {live})")
         i = rng.choice(ready)
         try:
             waits[i] = next(actors[i])
@@ -97,8 +111,18 @@ def interleave(actors, seed):
 
 class Model:
     def __init__(self, num_slots, pieces, release_before_pv_wait=False, lookahead=LOOKAHEAD, flag_slots=FLAG_SLOTS,
-                 wait_q_empty=True):
+                 wait_q_empty=True, fp8=False, next_scores_first=None, owner_rewrites=False):
         self.n, self.pieces = num_slots, pieces
+        # The FP8 cache (sm90/fp8_tiles.cuh): a tile's raw bytes land as a whole in its position
+        # (V boxes 4-7 and the RoPE box), warps 1-3 of warpgroup 0 (one actor here) rewrite it in
+        # place and arrive on every box's full barrier; with owner_rewrites the tile's owner does a
+        # share too, right before its S, and the barriers need its arrival as well.
+        self.fp8, self.owner_rewrites = fp8, owner_rewrites
+        # The other consumer's step: S of the next tile starts (its first box) before the release of
+        # this one, as consumer_main does, or (False) only after the release.
+        self.next_scores_first = True if next_scores_first is None else next_scores_first
+        self.raw_landed = set()            # FP8: tiles whose raw bytes landed (raw_full)
+        self.rewrites = defaultdict(int)   # FP8: tile -> arrivals of its rewriters (full barriers)
         self.early = release_before_pv_wait  # a broken protocol, for the model's own test
         self.wait_q_empty = wait_q_empty     # False: a broken protocol, Q loaded without waiting
         self.lookahead, self.flag_slots = lookahead, flag_slots
@@ -139,7 +163,37 @@ class Model:
 
     # ---- a consumer (consumer_main) -----------------------------------------------------------
     def landed(self, g, b):
+        if self.fp8:  # every box's full barrier completes with the last rewriter's arrival
+            return self.rewrites[g] == (2 if self.owner_rewrites else 1)
         return self.content[self.slot(g, b)] == (g, b)
+
+    # ---- FP8: the raw bytes, the rewriting warps (fp8_tiles.cuh) -------------------------------
+    def load_raw(self, g):
+        for b in list(range(4, 8)) + [ROPE]:  # load_fp8_tile: the pairs' bytes and the RoPE values
+            s = self.slot(g, b)
+            if self.reads[s]:
+                raise ProtocolError(f"raw bytes of tile {g} land in slot {s} while read by {self.reads[s]}")
+            self.content[s] = ("raw", g, b)
+        self.raw_landed.add(g)
+
+    def rewrite(self, who, g):
+        """One rewriter's share of tile g (rewrite_share): wait for raw_full, convert rows in place,
+        arrive on the full barriers."""
+        yield lambda: g in self.raw_landed
+        for b in range(BOXES):
+            s = self.slot(g, b)
+            if self.reads[s]:
+                raise ProtocolError(f"{who} rewrites tile {g} box {b} in slot {s} while read by {self.reads[s]}")
+            if b in range(4, 8) or b == ROPE:
+                if self.content[s] not in (("raw", g, b), (g, b)):
+                    raise ProtocolError(f"{who} rewrites tile {g} from slot {s} holding {self.content[s]}")
+            self.content[s] = (g, b)
+        self.rewrites[g] += 1
+
+    def rewriter(self):
+        """warps 1-3 of warpgroup 0 (dequantize_part), as one actor: every tile in order."""
+        for g in range(sum(self.pieces)):
+            yield from self.rewrite("rewriter", g)
 
     def start_read(self, c, kind, g, boxes):
         for b in boxes:
@@ -179,6 +233,8 @@ class Model:
             yield lambda k=k: k in self.q_loaded  # q_full
             pending = None
             if owner(g0) == c:
+                if self.owner_rewrites:
+                    yield from self.rewrite(f"consumer {c}", g0)
                 yield from self.issue_s(c, g0, range(BOXES))
             for t in range(g0, end):
                 if owner(t) == c:
@@ -202,9 +258,13 @@ class Model:
                     if t + 1 < end:
                         if self.early:
                             self.mark_released(c, t)
-                        yield from self.issue_s(c, t + 1, [0])  # S's first box behind the P V
-                        self.release(c, t, mark=not self.early)  # wgmma_wait<1>, release
-                        yield from self.issue_s(c, t + 1, range(1, BOXES))
+                        first = 1 if self.next_scores_first else 0
+                        yield from self.issue_s(c, t + 1, range(first))  # S's first box behind the P V
+                        yield lambda: True  # wgmma_wait<first>: the P V completes some time later
+                        self.release(c, t, mark=not self.early)  # then the release
+                        if self.owner_rewrites:
+                            yield from self.rewrite(f"consumer {c}", t + 1)
+                        yield from self.issue_s(c, t + 1, range(first, BOXES))
                         continue
                     pending = t
             self.release(c, pending)
@@ -214,7 +274,8 @@ class Model:
             g0 = end
 
     def run(self, seed):
-        interleave([self.producer(), self.consumer(0), self.consumer(1)], seed)
+        actors = [self.producer(), self.consumer(0), self.consumer(1)] + ([self.rewriter()] if self.fp8 else [])
+        interleave(actors, seed)
         total = sum(self.pieces)
         assert all(len(self.tile_releases[g]) == 2 for g in range(total)), "every tile released by both consumers"
 
@@ -233,6 +294,38 @@ def test_ring_protocol_under_random_interleavings(num_slots, lookahead):
     rng = random.Random(num_slots * 2 + 1 + 1000 * lookahead)
     for trial in range(60):
         Model(num_slots, random_pieces(rng), lookahead=lookahead).run(seed=trial)
+
+
+# (next_scores_first, owner_rewrites): the release first, consumer_main's order, and the owner's
+# share (never with S first: test_the_model_catches_an_owner_rewrite_behind_its_own_s).
+@pytest.mark.parametrize("next_scores_first,owner_rewrites", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("lookahead", [1, 0, 2])
+@pytest.mark.parametrize("num_slots", [18, 27])
+def test_fp8_ring_protocol_under_random_interleavings(num_slots, lookahead, next_scores_first, owner_rewrites):
+    """The FP8 cache: raw bytes per whole tile, rewritten in place by warps 1-3 of warpgroup 0 (and,
+    with owner_rewrites, by the tile's owner right before its S, after its release of the previous
+    tile); either release order (next_scores_first True is consumer_main's). Owner rewrites
+    with S issued before the release would wait on the owner's own share: the kernel never pairs them."""
+    rng = random.Random(num_slots * 7 + 3 + 100 * lookahead + 10 * next_scores_first + owner_rewrites)
+    for trial in range(60):
+        Model(num_slots, random_pieces(rng), lookahead=lookahead, fp8=True, next_scores_first=next_scores_first,
+              owner_rewrites=owner_rewrites).run(seed=trial)
+
+
+def test_the_model_catches_an_owner_rewrite_behind_its_own_s():
+    """Issuing S's first box before the owner's own share of the tile is rewritten waits for an
+    arrival that only comes after it: a deadlock."""
+    with pytest.raises(ProtocolError, match="deadlock"):
+        for trial in range(50):
+            Model(18, [8, 5], fp8=True, next_scores_first=True, owner_rewrites=True).run(seed=trial)
+
+
+def test_the_model_catches_fp8_raw_bytes_over_a_tile_still_read():
+    """The FP8 producer waits for the tile position like the 16-bit one: releasing before the P V
+    completed lets the next raw bytes land under a wgmma."""
+    with pytest.raises(ProtocolError, match="while read by"):
+        for trial in range(200):
+            Model(18, [13, 8], release_before_pv_wait=True, fp8=True).run(seed=trial)
 
 
 @pytest.mark.parametrize("num_slots", [18, 25])
