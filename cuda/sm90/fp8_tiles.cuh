@@ -43,31 +43,22 @@ struct Fp8RingProducer : BoxRingProducer<Element, kNumSlots> {
   }
 };
 
-// One warp's share of the CTA's tile number tile_count (in the ring at `tile`), once its raw bytes
-// landed: kWarps warps share each tile (dequantize_tile), warp in 0..kWarps-1.
-template <typename Element, int kWarps, typename W>
-__device__ __forceinline__ void rewrite_share(SharedStorage<Element>& s, const TileSlots<kNumSlots>& tile,
-                                              int tile_count, int warp, const W& wd) {
-  uint8_t* ring = reinterpret_cast<uint8_t*>(&s.kv[0][0]);
-  const int position = tile.first / kKvBoxesQK;
-  wd.wait(&s.fp8.raw_full[position], tile.phase);
-  dequantize_tile<Element, kWarps>([&](int b) { return ring + static_cast<size_t>(tile.slot(b)) * kKvBoxBytes; },
-                                   [&](int b) { return &s.kv_bars.full[tile.slot(b)]; }, s.fp8.scales[position],
-                                   warp, tile_count);
-}
-
 // warp: 0..kDequantWarps-1 (warps 1-3 of warpgroup 0). Walks the same tiles in the same order as the
-// producer and the consumers (work_iterator.h), so all agree on every slot and parity. kWarps: the
-// warps that share each tile (kDequantWarpsWithOwner when the tile's owner takes warps 3-6).
-template <typename Element, int kWarps, typename W>
+// producer and the consumers (work_iterator.h), so all agree on every slot and parity.
+template <typename Element, typename W>
 __device__ __forceinline__ void dequantize_part(SharedStorage<Element>& s, const PartWork& work, int warp,
                                                 const W& wd) {
+  uint8_t* ring = reinterpret_cast<uint8_t*>(&s.kv[0][0]);
   TileSlots<kNumSlots> tile;
   int tile_count = 0;
   work.for_each_piece([&](const PieceOfWork& w, int) {
 #pragma unroll 1
     for (int blk = w.begin_block; blk < w.end_block; ++blk) {
-      rewrite_share<Element, kWarps>(s, tile, tile_count, warp, wd);
+      const int position = tile.first / kKvBoxesQK;
+      wd.wait(&s.fp8.raw_full[position], tile.phase);
+      dequantize_tile<Element, kDequantWarps>(
+          [&](int b) { return ring + static_cast<size_t>(tile.slot(b)) * kKvBoxBytes; },
+          [&](int b) { return &s.kv_bars.full[tile.slot(b)]; }, s.fp8.scales[position], warp, tile_count);
       tile.advance();
       ++tile_count;
     }
