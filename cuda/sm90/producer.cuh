@@ -1,5 +1,4 @@
-// SM90 role: the KV producer (one thread of warpgroup 0; its whole warp for an FP8 cache of one-token
-// pages, the sparse decode's view, which it gathers: fp8_tiles.cuh Fp8GatherProducer). Walks the CTA's part with the common
+// SM90 role: the KV producer (one thread of warpgroup 0). Walks the CTA's part with the common
 // produce_part (cuda/common/kv_producer.cuh): per piece, its first KV tile, Q of the CTA's 64-row
 // block, then the piece's other tiles into the box ring, as grouped copies for pages of >= 64
 // tokens (kv_group_map set), else box by box; an FP8 cache's tiles as their raw bytes
@@ -34,12 +33,6 @@ __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const D
     if (!ok) s.bad_request[ordinal & (kBadFlagSlots - 1)] = 1;
   };
   if constexpr (kFormat == KvFormat::kFp8) {
-    if (p.page_size == 1) {  // the whole warp (decode_kernel.cuh): one-token pages, gathered
-      Fp8GatherProducer<Element> producer{&s.kv_bars, reinterpret_cast<uint8_t*>(&s.kv[0][0]), &s.fp8,
-                                          static_cast<const uint8_t*>(p.kv_cache), {}};
-      produce_part(producer, p, q_map, kv_map, work, m_block, &s.q[0][0], &s.q_full, &s.q_empty, on_piece, on_tile, wd);
-      return;
-    }
     Fp8RingProducer<Element> producer{{&s.kv_bars, &s.kv[0][0], {}}, &s.fp8, kv_scale_map, kv_group_map};
     produce_part(producer, p, q_map, kv_map, work, m_block, &s.q[0][0], &s.q_full, &s.q_empty, on_piece, on_tile, wd);
   } else {
