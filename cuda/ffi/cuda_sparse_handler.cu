@@ -13,7 +13,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
 
 #include "common/scheduler.h"
 #include "common/sparse_problem.h"
@@ -88,16 +87,8 @@ ffi::Error SparseExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   const KernelSelection sel =
       select_on(*device, static_cast<int32_t>(Kernel::kPortable), p.kv_format == KvFormat::kFp8);
   if (!sel.error.empty()) return invalid_argument(kSparseTarget, sel.error);
-  // EXPERIMENT (JAX_MLA_SPARSE_SM90=1, read per call, A/B only): the SM90 kernel where auto would
-  // pick it for a dense decode of the same cache format (its producer warp gathers the one-token
-  // pages: sm90/producer.cuh, sm90/fp8_tiles.cuh).
-  Kernel kernel = Kernel::kPortable;
-  if (const char* v = std::getenv("JAX_MLA_SPARSE_SM90"); v != nullptr && v[0] == '1') {
-    const KernelSelection a = select_on(*device, static_cast<int32_t>(Kernel::kAuto), p.kv_format == KvFormat::kFp8);
-    if (a.ok() && a.kernel == Kernel::kSm90) kernel = Kernel::kSm90;
-  }
   const LaunchStatus st =
-      launch_sparse_decode(p, num_parts, chunks, workspace->untyped_data(), device->sm_count, stream, kernel);
+      launch_sparse_decode(p, num_parts, chunks, workspace->untyped_data(), device->sm_count, stream);
   if (!st.ok()) return ffi_args::launch_error(kSparseTarget, st);
   return ffi::Error::Success();
 }

@@ -54,8 +54,6 @@ static_assert(kNumSlots % kKvBoxesQK == 0, "the box ring is released per whole t
 // boxes: the producer lands a tile's raw bytes in the tile's own slots, then warps 1-3 of warpgroup 0
 // (kDequantWarps) rewrite them in place as the 16-bit boxes and arrive on the boxes' full barriers.
 inline constexpr int kDequantWarps = 3;
-// With LaunchPlan::owner_rewrites, the four warps of a tile's owner rewrite beside them.
-inline constexpr int kDequantWarpsWithOwner = kDequantWarps + 4;
 inline constexpr int kRingTiles = kNumSlots / kKvBoxesQK;
 using Fp8Staging = jax_mla::Fp8Staging<kRingTiles>;
 

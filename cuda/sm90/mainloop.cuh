@@ -33,7 +33,6 @@
 #include "../common/work_iterator.h"
 #include "config.h"
 #include "epilogue.cuh"
-#include "fp8_tiles.cuh"
 #include "launch_plan.h"
 #include "softmax.cuh"
 #include "split_merge.cuh"
@@ -198,37 +197,18 @@ __device__ __forceinline__ void other_step(SharedStorage<Element>& s, const Tile
 }
 
 // wd: the wait policy (common/watchdog.cuh); the watchdog instantiation never merges in the kernel.
-// kNextScoresFirst (in the body): in the other consumer's step, whether S of the next tile starts
-// (its first box, behind our P V) before we release our boxes of this tile, or only after the
-// release. Starting it first keeps the tensor pipe going, but its first box must have landed, so the
-// release of tile g then waits for tile g + 1's box 0. A 16-bit cache's box 0 lands by TMA while
-// tile g is consumed; an FP8 cache's boxes complete together, once the dequantizing warps rewrote
-// the whole of tile g + 1, and the raw bytes of tile g + 2 go into g's position only after that
-// release: load and rewrite of consecutive tiles would run one after the other (false for FP8).
-template <typename Element, bool kFp8, typename W>
+template <typename Element, typename W>
 __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const DecodeProblem& p, const LaunchPlan& plan,
                                               const PartWork& work, int m_block, int consumer, bool grouped_copies,
                                               const W& wd) {
   const int thread = threadIdx.x % 128;
   const RowCoords rc(thread);
-  // One-token pages of a 16-bit cache are gathered by cp.async (producer.cuh BoxGatherProducer).
-  const BoxRingConsumer<kNumSlots, W> kv{&s.kv_bars, grouped_copies, wd, !kFp8 && p.page_size == 1};
+  const BoxRingConsumer<kNumSlots, W> kv{&s.kv_bars, grouped_copies, wd};
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   const bool elected = thread == 0;
   TileCursor st;  // ring position and owner of the CTA's next tile
   const int rows_valid = min(kBlockM, p.rows - m_block * kBlockM);
   const int merge_thread = consumer * 128 + thread;  // 0..255 over both consumers, warps aligned
-  constexpr bool kNextScoresFirst = !kFp8;
-  int tile_count = 0;  // the CTA's tiles so far: the index of tile st (the rewrite's rotation)
-  // FP8 cache with plan.owner_rewrites: our share of a tile we own, right before its S (the raw
-  // bytes landed once the position was released, which both consumers did before this point).
-  const auto rewrite_own = [&](const TileCursor& t, int count) {
-    if constexpr (kFp8) {
-      if (plan.owner_rewrites) {
-        rewrite_share<Element, kDequantWarpsWithOwner>(s, t.slots, count, kDequantWarps + thread / 32, wd);
-      }
-    }
-  };
 
   work.for_each_piece([&](const PieceOfWork& w, int ordinal) {
     const int seq_len = work.seq_len(w);
@@ -258,7 +238,6 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
     bool has_pending = false;  // our in-flight P V still reads our boxes of tile `pending`
     TileCursor pending;
     if (st.owner == consumer) {
-      rewrite_own(st, tile_count);
       issue_scores(s, kv, st, sc);
     }
 #pragma unroll 1
@@ -286,35 +265,22 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
           // Hand our boxes of this tile back as soon as our P V of it completed, before waiting on
           // the next tile's later boxes: were the release left pending until after that S, the
           // release of tile g would wait for tile g + 1 to land, so the producer could start the load
-          // of g + 2 only once g + 1 was in: one 72 KB load in flight per SM instead of two.
-          // kNextScoresFirst: S of the next tile starts with its first box, queued behind this P V
-          // as its own wgmma group, so the tensor pipe goes from the P V straight into S instead of
-          // idling through the wait, the release and the first issue; the other eight boxes follow
-          // the release.
-          // EXPERIMENT: plan.scores_after_release takes the FP8 order for a 16-bit cache too (a
-          // kernel parameter: uniform, so ptxas keeps the wgmmas asynchronous on both paths).
-          if (kNextScoresFirst && !plan.scores_after_release) {
-            issue_scores(s, kv, st.next(), sc, 0, 1);
-            wgmma_wait<1>();
-            fence_operands(o);
-            if (elected) kv.release_tile(st.slots);
-            issue_scores(s, kv, st.next(), sc, 1, kKvBoxesQK);
-          } else {
-            wgmma_wait<0>();
-            fence_operands(o);
-            if (elected) kv.release_tile(st.slots);
-            rewrite_own(st.next(), tile_count + 1);
-            issue_scores(s, kv, st.next(), sc, 0, kKvBoxesQK);
-          }
+          // of g + 2 only once g + 1 was in: one 72 KB load in flight per SM instead of two. S of the next tile
+          // starts with its first box, queued behind this P V as its own wgmma group, so the
+          // tensor pipe goes from the P V straight into S instead of idling through the wait,
+          // the release and the first issue; the other eight boxes follow the release.
+          issue_scores(s, kv, st.next(), sc, 0, 1);
+          wgmma_wait<1>();
+          fence_operands(o);
+          if (elected) kv.release_tile(st.slots);
+          issue_scores(s, kv, st.next(), sc, 1, kKvBoxesQK);
           st.advance();
-          ++tile_count;
           continue;
         }
       }
       has_pending = true;
       pending = st;
       st.advance();
-      ++tile_count;
     }
     wgmma_wait<0>();
     fence_operands(o);
