@@ -111,7 +111,7 @@ def interleave(actors, seed):
 
 class Model:
     def __init__(self, num_slots, pieces, release_before_pv_wait=False, lookahead=LOOKAHEAD, flag_slots=FLAG_SLOTS,
-                 wait_q_empty=True, fp8=False, next_scores_first=None, owner_rewrites=False):
+                 wait_q_empty=True, fp8=False, next_scores_first=True, owner_rewrites=False):
         self.n, self.pieces = num_slots, pieces
         # The FP8 cache (sm90/fp8_tiles.cuh): a tile's raw bytes land as a whole in its position
         # (V boxes 4-7 and the RoPE box), warps 1-3 of warpgroup 0 (one actor here) rewrite it in
@@ -120,7 +120,7 @@ class Model:
         self.fp8, self.owner_rewrites = fp8, owner_rewrites
         # The other consumer's step: S of the next tile starts (its first box) before the release of
         # this one, as consumer_main does, or (False) only after the release.
-        self.next_scores_first = True if next_scores_first is None else next_scores_first
+        self.next_scores_first = next_scores_first
         self.raw_landed = set()            # FP8: tiles whose raw bytes landed (raw_full)
         self.rewrites = defaultdict(int)   # FP8: tile -> arrivals of its rewriters (full barriers)
         self.early = release_before_pv_wait  # a broken protocol, for the model's own test
