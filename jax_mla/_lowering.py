@@ -10,8 +10,9 @@ Targets and their buffer order are the contract of docs/design.md ("FFI targets"
   jax_mla_decode_sparse(q, kv_cache, indices, topk_length, attn_sink)
       -> out, lse [, workspace u8 on CUDA]; attr softmax_scale f32 [, num_parts i32 on CUDA]
       (topk_length (0,) or (b,) s32, attn_sink (0,), (h_q,) or (b, h_q) f32). On CUDA the call runs
-      as a dense decode over one-token pages on the portable kernel (cuda/runtime/sparse_launch.h),
-      whose split-KV plan over the b * s_q query tokens sizes the workspace.
+      as a dense decode over one-token pages on the SM90 or the portable kernel
+      (cuda/runtime/sparse_launch.h), whose split-KV plan over the b * s_q query tokens sizes the
+      workspace.
 
 The handlers come from the extension module (`ext.registrations()`), registered once at import.
 Lowering only emits a custom call by name, so the CUDA lowering is available on every machine

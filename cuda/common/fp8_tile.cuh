@@ -86,8 +86,8 @@ static_assert(kFp8RowsPerStep == 4, "the lane map below: two row pairs a step");
 // One dequantizing warp's share of a landed tile (after its raw_full wait): steps j (rows 4j .. 4j + 3)
 // with (j + tile_count) % kWarps == warp. After its last step the warp fences for the async proxy (the
 // tensor core reads the boxes through it) and arrives once on each V box's full barrier, so a box is
-// complete after kWarps arrivals. The RoPE box: with bf16 q an arrival at once (it landed as it is
-// used), with fp16 q rounded in place first.
+// complete after kWarps arrivals. The RoPE box: with bf16 q an arrival with the V boxes' (it landed
+// as it is used), with fp16 q rounded in place first.
 // box(b): the address of the tile's box b; full(b): its full barrier.
 //
 // Lane map, chosen so that every 128-bit load and store phase (8 lanes) touches 8 distinct 16-byte
@@ -110,9 +110,6 @@ __device__ __forceinline__ void dequantize_tile(BoxAddress box, FullBarrier full
   const int row_in_step = 2 * (quarter / 2) + row_in_pair;
   const uint8_t* raw = box(kFp8RawFirstBox + pair) + half * (kFp8TileCols / 2);  // (64 rows, 128 bytes), no swizzle
   uint8_t* out_box = box(2 * pair + half);                                       // (64 rows, 64 values), swizzled
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-    if (lane == 0) ptx::mbarrier_arrive(full(kKvRopeBox));
-  }
   const int first_step = (warp - tile_count % kWarps + kWarps) % kWarps;
 #pragma unroll 1
   for (int step = first_step; step < kFp8Steps; step += kWarps) {
@@ -161,9 +158,14 @@ __device__ __forceinline__ void dequantize_tile(BoxAddress box, FullBarrier full
   }
   // This warp's rows of every V box are written: visible to the tensor core (async proxy), then one
   // arrival per box.
+  // With bf16 q the RoPE box is used as it landed; it is complete with the same arrival, after the
+  // fence: a gathering producer (sm90 Fp8GatherProducer) writes it with cp.async, through the
+  // generic proxy, and S reads it through the async proxy. (S reads it last: nothing waits longer.)
   ptx::fence_proxy_async_smem();
   __syncwarp();
-  if (lane < kKvBoxesV) ptx::mbarrier_arrive(full(lane));
+  constexpr int kArrivals = std::is_same_v<Element, __nv_bfloat16> ? kKvBoxesV + 1 : kKvBoxesV;
+  static_assert(kKvRopeBox == kKvBoxesV, "lane kKvBoxesV arrives on the RoPE box");
+  if (lane < kArrivals) ptx::mbarrier_arrive(full(lane));
   if constexpr (std::is_same_v<Element, __half>) {
     // The RoPE box as fp16: each lane rounds a 16-byte chunk of the warp's rows in place (any chunk
     // order: the rounding is per value); a quarter-warp's 8 lanes one row.

@@ -150,6 +150,7 @@ __device__ __forceinline__ void copy_box(Element* box_dst, const PagedKV& kv, ui
 template <typename Element, int kNumStages>
 struct DecodeKVProducer {
   static constexpr int kRingTiles = kNumStages;
+  static constexpr bool kWarpWide = false;  // produce_part runs on one thread
   KVPipelineBarriers<kNumStages>* bars;
   Element* smem;  // (stage, box, BLK_N, 64)
   PipelineState<kNumStages> state;
@@ -207,6 +208,9 @@ inline constexpr int kPieceLookaheadTiles = 1;
 //                      the tile's arrivals, so a consumer that has waited for the tile also sees what
 //                      the hook wrote.
 // wd: the wait policy (watchdog.cuh) of every wait here, and its fault hook.
+// Producer::kWarpWide: the whole warp runs this (a producer whose tile loads take every lane, such as
+// a gather of one-token pages): every lane waits and loads its share, lane 0 alone loads Q and runs
+// the hooks, and the warp syncs after the hook so that its write precedes every lane's arrival.
 template <typename Producer, typename Element, typename OnPiece, typename OnTile, typename W = NoWatchdog>
 __device__ __forceinline__ void produce_part(Producer& producer, const DecodeProblem& p, const CUtensorMap* q_map,
                                              const CUtensorMap* kv_map, const PartWork& work, int m_block,
@@ -217,6 +221,7 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePro
                 "tiles issued before the previous piece's Q is released must fit in the ring (deadlock)");
   constexpr int kQBoxElems = kBlockM * kKvBoxCols;
   const int log2_page = 31 - __clz(p.page_size);
+  const bool leader = !Producer::kWarpWide || threadIdx.x % 32 == 0;
   int tile = 0;  // the CTA's tiles so far (the fault hook's index)
   work.for_each_piece([&](const PieceOfWork& w, int ordinal) {
     const int r = w.request;
@@ -228,7 +233,7 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePro
                      p.num_pages,
                      p.max_pages,
                      p.num_pages * p.page_size};
-    on_piece(ordinal);
+    if (leader) on_piece(ordinal);
     // One loop (one copy of the tile code): Q goes in before the tile after the lookahead ones.
     const int q_before = min(w.end_block, w.begin_block + kPieceLookaheadTiles);
 #pragma unroll 1
@@ -239,7 +244,7 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePro
       // would underflow its pending count. (A release backed by a real completion keeps it live.)
       if (blk == q_before) {
         wd.wait(q_empty, (ordinal & 1) ^ 1);
-        if (wd.live()) {
+        if (leader && wd.live()) {
           ptx::mbarrier_arrive_expect_tx(q_full, kKvBoxesQK * kQBoxElems * 2);
           const int q_row = r * p.rows + m_block * kBlockM;
 #pragma unroll 1
@@ -251,7 +256,8 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePro
       if (blk == w.end_block) break;
       const auto source = producer.locate_tile(kv, blk * kBlockN);  // block-table reads overlap the wait
       producer.acquire(wd);
-      on_tile(ordinal, producer.tile_stage(), source.ok);
+      if (leader) on_tile(ordinal, producer.tile_stage(), source.ok);
+      if constexpr (Producer::kWarpWide) __syncwarp();
       if (wd.live()) producer.load_tile(kv, source, wd.withheld_box(tile));
       producer.commit_step();
       ++tile;
@@ -333,6 +339,7 @@ struct TileSlots {
 template <typename Element, int kNumSlots>
 struct BoxRingProducer {
   static constexpr int kRingTiles = kNumSlots / kKvBoxesQK;
+  static constexpr bool kWarpWide = false;  // produce_part runs on one thread
   BoxRingBarriers<kNumSlots>* bars;
   Element* smem;  // (slot, BLK_N, 64)
   TileSlots<kNumSlots> tile;
@@ -386,11 +393,15 @@ struct BoxRingConsumer {
   BoxRingBarriers<kNumSlots>* bars;
   bool grouped = false;  // the producer loads grouped copies (its group_map is set)
   W wd{};
+  // The boxes land by cp.async (a gathering producer, sm90 BoxGatherProducer), through the generic
+  // proxy: a proxy fence after the wait orders our wgmma (async proxy) reads after them.
+  bool gathered = false;
 
   __device__ __forceinline__ void wait_box(const TileSlots<kNumSlots>& t, int box) const {
     // Grouped copies complete the barrier of the group's first box.
     const int leader = grouped ? box - box % kBoxesPerGroup : box;
     wd.wait(&bars->full[t.slot(leader)], t.phase_of(leader));
+    if (gathered) ptx::fence_proxy_async_smem();
   }
   // This consumer is done with tile t (one arrival per consumer), after its MMAs reading it completed.
   __device__ __forceinline__ void release_tile(const TileSlots<kNumSlots>& t) const {

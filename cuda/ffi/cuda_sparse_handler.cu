@@ -81,14 +81,19 @@ ffi::Error SparseExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   }
   const DeviceState* device = nullptr;
   if (Status s = ready_device(kSparseTarget, &device); !s.ok()) return ffi_args::to_ffi(s);
-  // The portable kernel runs every sparse call (its 1-token pages: runtime/sparse_launch.h); the
-  // selection still refuses a device below compute capability 8.0 and an FP8 cache while the
-  // portable kernel does not read the format (kernel_select.h kReadsFp8Cache).
-  const KernelSelection sel =
-      select_on(*device, static_cast<int32_t>(Kernel::kPortable), p.kv_format == KvFormat::kFp8);
+  // The kernel: what auto picks for a dense decode of the same cache format (JAX_MLA_KERNEL and the
+  // self-check included), where it reads one-token pages: SM90, whose producer warp gathers them
+  // (sm90/producer.cuh); any other pick runs the portable kernel. The selection also refuses a device
+  // below compute capability 8.0 and an FP8 cache no kernel there reads (kernel_select.h).
+  const bool fp8 = p.kv_format == KvFormat::kFp8;
+  const KernelSelection sel = select_on(*device, static_cast<int32_t>(Kernel::kAuto), fp8);
   if (!sel.error.empty()) return invalid_argument(kSparseTarget, sel.error);
+  Kernel kernel = sel.ok() && sel.kernel == Kernel::kSm90 ? Kernel::kSm90 : Kernel::kPortable;
+  if (kernel == Kernel::kPortable && fp8 && !reads_fp8_cache(Kernel::kPortable)) {
+    return invalid_argument(kSparseTarget, "an FP8 kv_cache needs the SM90 or the portable kernel to read it");
+  }
   const LaunchStatus st =
-      launch_sparse_decode(p, num_parts, chunks, workspace->untyped_data(), device->sm_count, stream);
+      launch_sparse_decode(p, num_parts, chunks, workspace->untyped_data(), device->sm_count, stream, kernel);
   if (!st.ok()) return ffi_args::launch_error(kSparseTarget, st);
   return ffi::Error::Success();
 }

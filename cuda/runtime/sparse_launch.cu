@@ -40,7 +40,7 @@ DecodeProblem one_token_page_view(const SparseProblem& p, int num_parts, ChunkSp
 }
 
 LaunchStatus launch_sparse_decode(const SparseProblem& p, int num_parts, ChunkSpec chunks, void* workspace,
-                                  int sm_count, cudaStream_t stream) {
+                                  int sm_count, cudaStream_t stream, Kernel kernel) {
   LaunchStatus st;
   const int queries = p.batch * p.seq_q;
   const SparseWorkspaceLayout layout =
@@ -55,9 +55,11 @@ LaunchStatus launch_sparse_decode(const SparseProblem& p, int num_parts, ChunkSp
   }
   DecodeProblem d = one_token_page_view(p, num_parts, chunks, table, lengths);
   const WorkspaceScratch scratch = attach_workspace(d, workspace);  // the decode's part is first
-  // No SM90 merge counters: the portable kernel's splits are merged by the combine kernel.
-  st = launch_decode_kernel(Kernel::kPortable, d, sm_count, /*merge_counters=*/nullptr, scratch.schedule_scratch,
-                            stream);
+  // The SM90 kernel merges its splits itself where its grid fits (the counters zeroed by the
+  // scheduler kernel); the portable kernel's are merged by the combine kernel.
+  const bool sm90 = kernel == Kernel::kSm90;
+  st = launch_decode_kernel(sm90 ? Kernel::kSm90 : Kernel::kPortable, d, sm_count,
+                            sm90 ? scratch.merge_counters : nullptr, scratch.schedule_scratch, stream);
   if (!st.ok()) return st;
   if (p.attn_sink != nullptr) {
     if ((st.error = launch_attn_sink(p.dtype, p.out, p.lse, p.attn_sink, p.sink_per_request,

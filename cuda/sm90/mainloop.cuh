@@ -197,13 +197,22 @@ __device__ __forceinline__ void other_step(SharedStorage<Element>& s, const Tile
 }
 
 // wd: the wait policy (common/watchdog.cuh); the watchdog instantiation never merges in the kernel.
-template <typename Element, typename W>
+// gathered_boxes: a 16-bit cache's one-token pages, whose boxes the producer warp gathers by cp.async
+// (producer.cuh BoxGatherProducer): the waits fence for the async proxy (BoxRingConsumer::gathered).
+// kNextScoresFirst: in the other consumer's step, whether S of the next tile starts (its first box,
+// behind our P V) before we release our boxes of this tile, or only after the release. Starting it
+// first keeps the tensor pipe going, but its first box must have landed, so the release of tile g
+// then waits for tile g + 1's box 0. A 16-bit cache's box 0 lands by TMA while tile g is consumed;
+// an FP8 cache's boxes complete together, once the dequantizing warps rewrote the whole of tile
+// g + 1, and the raw bytes of tile g + 2 go into g's position only after that release: load and
+// rewrite of consecutive tiles would run one after the other (false for the FP8 cache).
+template <typename Element, bool kNextScoresFirst, typename W>
 __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const DecodeProblem& p, const LaunchPlan& plan,
                                               const PartWork& work, int m_block, int consumer, bool grouped_copies,
-                                              const W& wd) {
+                                              bool gathered_boxes, const W& wd) {
   const int thread = threadIdx.x % 128;
   const RowCoords rc(thread);
-  const BoxRingConsumer<kNumSlots, W> kv{&s.kv_bars, grouped_copies, wd};
+  const BoxRingConsumer<kNumSlots, W> kv{&s.kv_bars, grouped_copies, wd, gathered_boxes};
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   const bool elected = thread == 0;
   TileCursor st;  // ring position and owner of the CTA's next tile
@@ -265,15 +274,17 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
           // Hand our boxes of this tile back as soon as our P V of it completed, before waiting on
           // the next tile's later boxes: were the release left pending until after that S, the
           // release of tile g would wait for tile g + 1 to land, so the producer could start the load
-          // of g + 2 only once g + 1 was in: one 72 KB load in flight per SM instead of two. S of the next tile
-          // starts with its first box, queued behind this P V as its own wgmma group, so the
-          // tensor pipe goes from the P V straight into S instead of idling through the wait,
-          // the release and the first issue; the other eight boxes follow the release.
-          issue_scores(s, kv, st.next(), sc, 0, 1);
-          wgmma_wait<1>();
+          // of g + 2 only once g + 1 was in: one 72 KB load in flight per SM instead of two.
+          // kNextScoresFirst: S of the next tile starts with its first box, queued behind this P V
+          // as its own wgmma group, so the tensor pipe goes from the P V straight into S instead of
+          // idling through the wait, the release and the first issue; the other eight boxes follow
+          // the release.
+          constexpr int first_boxes = kNextScoresFirst ? 1 : 0;
+          if (kNextScoresFirst) issue_scores(s, kv, st.next(), sc, 0, first_boxes);
+          wgmma_wait<first_boxes>();
           fence_operands(o);
           if (elected) kv.release_tile(st.slots);
-          issue_scores(s, kv, st.next(), sc, 1, kKvBoxesQK);
+          issue_scores(s, kv, st.next(), sc, first_boxes, kKvBoxesQK);
           st.advance();
           continue;
         }

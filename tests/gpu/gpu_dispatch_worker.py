@@ -8,6 +8,10 @@ Runs one small case (several requests, a split one, an empty one) with each KERN
 or the error message}, "info": jax_mla.kernel_info() of the GPU (or its error message), "ref": the
 CPU reference}.
 --info-first calls kernel_info() before any decode (it then initializes the device itself).
+--sparse also runs mla_decode_sparse on a small case over a bf16 and an FP8 cache (the kernel auto
+picks for it under this environment: SM90 gathers one-token pages, portable elsewhere or when
+JAX_MLA_KERNEL says so) into "sparse": {cache: (out, lse) or the error message}, and its float64
+reference into "sparse_ref".
 """
 
 from __future__ import annotations
@@ -51,6 +55,20 @@ def main() -> int:
         result["info"] = f"{type(e).__name__}: {e}"
     with jax.default_device(jax.devices("cpu")[0]):
         result["ref"] = cases.reference(data)
+    if "--sparse" in args:
+        result["sparse"] = {}
+        for cache in ("bf16", "fp8"):
+            with jax.default_device(jax.devices("cpu")[0]):
+                q, kv, idx, rows64 = cases.make_sparse(9402, b=3, s_q=2, h_q=64, topk=300, num_pages=40,
+                                                       page_size=16, fp8=cache == "fp8")
+            tl = np.array([300, 111, 0], np.int32)
+            try:
+                fn = jax.jit(lambda *a: jax_mla.mla_decode_sparse(*a[:3], topk_length=a[3], return_lse=True))
+                out, lse = fn(*[jax.device_put(x, gpu) for x in (q, kv, idx, tl)])
+                result["sparse"][cache] = (np.asarray(out), np.asarray(lse))
+            except Exception as e:  # noqa: BLE001 - the test inspects the message
+                result["sparse"][cache] = f"{type(e).__name__}: {e}"
+            result.setdefault("sparse_ref", {})[cache] = cases.sparse_brute_force(q, rows64, idx, tl)
     with open(out_path, "wb") as f:
         pickle.dump(result, f)
     return 0

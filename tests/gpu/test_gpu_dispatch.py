@@ -188,3 +188,16 @@ def test_invalid_environment_is_a_clear_error(tmp_path):
         res = pickle.load(f)
     assert isinstance(res["results"]["auto"], str), "the decode ran despite an invalid JAX_MLA_SELFCHECK"
     assert "JAX_MLA_SELFCHECK must be one of 'force', 'fault', 'hang' (or unset), got 'yes'" in res["info"], res["info"]
+
+
+@pytest.mark.parametrize("env", [{}, {"JAX_MLA_KERNEL": "portable"}], ids=["auto", "portable"])
+def test_sparse_decode_on_each_kernel(tmp_path, env):
+    """mla_decode_sparse takes the kernel auto picks (on an H100 / H200 the SM90 kernel, whose
+    producer warp gathers the one-token pages; JAX_MLA_KERNEL=portable forces the portable one):
+    both match float64 over a bf16 and an FP8 cache."""
+    res, _ = run_worker(tmp_path, env, "--sparse", "auto")
+    for cache in ("bf16", "fp8"):
+        got = res["sparse"][cache]
+        assert not isinstance(got, str), got
+        cases.assert_close_rel_l2(*got, *res["sparse_ref"][cache], out_tol=1e-2, lse_tol=1e-3)
+

@@ -1,12 +1,14 @@
-"""mla_decode_sparse on a GPU: the portable kernel over the cache seen as one-token pages, one
-request per query token (cuda/runtime/sparse_launch.h), against float64 on the gathered rows
+"""mla_decode_sparse on a GPU: the kernel auto picks (SM90 on an H100 / H200, whose producer warp
+gathers the one-token pages; portable elsewhere; both: test_gpu_dispatch.py
+test_sparse_decode_on_each_kernel) over the cache seen as one-token pages, one request per query
+token (cuda/runtime/sparse_launch.h), against float64 on the gathered rows
 (cases.make_sparse / cases.sparse_brute_force, shared with the CPU tests in tests/cpu/test_sparse.py).
 
 Every test here is marked `gpu` (skipped without a GPU, a failure with JAX_MLA_REQUIRE_GPU=1):
 
     JAX_MLA_REQUIRE_GPU=1 python3 -P -m pytest -q -m gpu tests/gpu/test_gpu_sparse.py
 
-Tolerance: the portable kernel's (relative L2 1e-2 for out, 1e-3 for lse: P is rounded to 16 bits
+Tolerance: the 16-bit kernels' (relative L2 1e-2 for out, 1e-3 for lse: P is rounded to 16 bits
 for P V). Pages no index selects hold NaN (poisoned FP8 rows), so reading one fails the structure
 check (no NaN, out 0 and lse -inf exactly on tokens with no counted index). What is checked:
   - random index lists (duplicates, -1) over bf16 / fp16 q, 16-bit and FP8 caches, page sizes 16,
@@ -277,8 +279,8 @@ def test_jit_and_eager_agree_bit_for_bit(cache):
 @needs_reader
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_fp8_cache_gives_the_16bit_paths_bits_on_the_dequantized_cache(dtype):
-    """The portable kernel dequantizes an FP8 row exactly as unpack_fp8_kv(row, q's dtype), then runs
-    the 16-bit path unchanged: the same bits as the sparse call over the unpacked cache."""
+    """The kernel dequantizes an FP8 row exactly as unpack_fp8_kv(row, q's dtype), then runs the
+    16-bit path unchanged: the same bits as the sparse call over the unpacked cache."""
     q, kv, idx, _ = make(40, b=2, s_q=2, h_q=64, topk=1500, num_pages=200, dtype=dtype, fp8=True)
     with jax.default_device(cpu()):
         unpacked = np.asarray(jax_mla.unpack_fp8_kv(kv, cases.DTYPES[dtype]))
@@ -335,7 +337,7 @@ def _invariance_batch(rng, target, others, pos, kv_slots, topk):
 def test_batch_invariant_bits_do_not_depend_on_the_batch(cache, h_q, topk):
     """batch_invariant=True: a request's out and lse alone and at the first, a middle and the last
     position of batches of 1 .. 200 random others are the same bits (every query token is one
-    request of the portable kernel's chunked plan; chunks of 1024 and of 128 slots)."""
+    request of the chunked plan; chunks of 1024 and of 128 slots)."""
     fp8 = cache == "fp8cache"
     q, kv, idx, rows64 = make(41 + h_q, b=1, s_q=2, h_q=h_q, topk=topk, num_pages=40, page_size=64, fp8=fp8,
                               p_invalid=0.1)
