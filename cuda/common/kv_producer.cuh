@@ -393,15 +393,11 @@ struct BoxRingConsumer {
   BoxRingBarriers<kNumSlots>* bars;
   bool grouped = false;  // the producer loads grouped copies (its group_map is set)
   W wd{};
-  // The boxes land by cp.async (a gathering producer, sm90 BoxGatherProducer), through the generic
-  // proxy: a proxy fence after the wait orders our wgmma (async proxy) reads after them.
-  bool gathered = false;
 
   __device__ __forceinline__ void wait_box(const TileSlots<kNumSlots>& t, int box) const {
     // Grouped copies complete the barrier of the group's first box.
     const int leader = grouped ? box - box % kBoxesPerGroup : box;
     wd.wait(&bars->full[t.slot(leader)], t.phase_of(leader));
-    if (gathered) ptx::fence_proxy_async_smem();
   }
   // This consumer is done with tile t (one arrival per consumer), after its MMAs reading it completed.
   __device__ __forceinline__ void release_tile(const TileSlots<kNumSlots>& t) const {

@@ -1,7 +1,7 @@
 // XLA FFI handler of the "CUDA" platform for jax_mla_decode_sparse: checks the buffers as the CPU
 // handler does (ffi/sparse_args.h), then what only the GPU path imposes, and launches it
-// (runtime/sparse_launch.h: the call as a dense decode over one-token pages on the portable
-// kernel). The indices are device data and are not read here: an index outside the cache makes
+// (runtime/sparse_launch.h: the call as a dense decode over one-token pages on the SM90 kernel
+// for an FP8 cache, else the portable kernel). The indices are device data and are not read here: an index outside the cache makes
 // its query token's output NaN on the device instead of an error.
 //
 // Beside the CPU target's operands and attribute it has a `workspace` result (the decode's scratch,
@@ -81,14 +81,16 @@ ffi::Error SparseExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   }
   const DeviceState* device = nullptr;
   if (Status s = ready_device(kSparseTarget, &device); !s.ok()) return ffi_args::to_ffi(s);
-  // The kernel: what auto picks for a dense decode of the same cache format (JAX_MLA_KERNEL and the
-  // self-check included), where it reads one-token pages: SM90, whose producer warp gathers them
-  // (sm90/producer.cuh); any other pick runs the portable kernel. The selection also refuses a device
-  // below compute capability 8.0 and an FP8 cache no kernel there reads (kernel_select.h).
+  // The kernel: for an FP8 cache, what auto picks for a dense decode of that format (JAX_MLA_KERNEL
+  // and the self-check included) where that is SM90, whose producer warp gathers the one-token pages
+  // (sm90/fp8_tiles.cuh Fp8GatherProducer); otherwise, and for a 16-bit cache, the portable kernel.
+  // (A 16-bit gather on SM90 was measured 2-4% slower than the portable kernel on an H100:
+  // docs/performance.md.) The selection also refuses a device below compute capability 8.0 and an
+  // FP8 cache no kernel there reads (kernel_select.h).
   const bool fp8 = p.kv_format == KvFormat::kFp8;
   const KernelSelection sel = select_on(*device, static_cast<int32_t>(Kernel::kAuto), fp8);
   if (!sel.error.empty()) return invalid_argument(kSparseTarget, sel.error);
-  Kernel kernel = sel.ok() && sel.kernel == Kernel::kSm90 ? Kernel::kSm90 : Kernel::kPortable;
+  Kernel kernel = fp8 && sel.ok() && sel.kernel == Kernel::kSm90 ? Kernel::kSm90 : Kernel::kPortable;
   if (kernel == Kernel::kPortable && fp8 && !reads_fp8_cache(Kernel::kPortable)) {
     return invalid_argument(kSparseTarget, "an FP8 kv_cache needs the SM90 or the portable kernel to read it");
   }

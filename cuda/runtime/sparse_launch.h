@@ -26,7 +26,7 @@ namespace jax_mla {
 // indices alone). workspace: sparse_workspace_layout(b * s_q, h_q, topk, num_parts,
 // chunks.max_chunks).total_bytes bytes (common/workspace.h). sm_count: the device's SMs, for the
 // combine's grid. The portable kernel must read p.kv_format (the caller selects it).
-// kernel: kPortable, or kSm90 (its producer warp gathers the one-token pages).
+// kernel: kPortable, or kSm90 for an FP8 cache (its producer warp gathers the one-token pages).
 LaunchStatus launch_sparse_decode(const SparseProblem& p, int num_parts, ChunkSpec chunks, void* workspace,
                                   int sm_count, cudaStream_t stream, Kernel kernel = Kernel::kPortable);
 

@@ -59,8 +59,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // tokens); smaller pages load box by box. Producer and consumers take the same decision. An FP8
   // cache's boxes complete one by one, by the dequantizing warps.
   const bool grouped_copies = !kFp8 && p.page_size >= kBlockN;
-  // A cache of one-token pages (the sparse decode's view): warp 0 gathers it (producer.cuh).
-  const bool gathered = p.page_size == 1;
+  // An FP8 cache of one-token pages (the sparse decode's view): warp 0 gathers it (producer.cuh).
+  const bool gathered = kFp8 && p.page_size == 1;
   if (threadIdx.x == 0) {
     ptx::prefetch_tensor_map(&q_map);
     ptx::prefetch_tensor_map(&kv_map);
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::prefetch_tensor_map(&kv_scale_map);
       for (int t = 0; t < kRingTiles; ++t) ptx::mbarrier_init(&s.fp8.raw_full[t], gathered ? kGatherLanes : 1);
     }
-    s.kv_bars.init(kNumConsumers, kFp8 ? kDequantWarps : (gathered ? kGatherLanes : 1));
+    s.kv_bars.init(kNumConsumers, kFp8 ? kDequantWarps : 1);
     ptx::mbarrier_init(&s.q_full, 1);
     ptx::mbarrier_init(&s.q_empty, kNumConsumers);
     ptx::fence_barrier_init();
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    consumer_main<Element, !kFp8>(s, p, plan, work, m_block, warpgroup - 1, grouped_copies, !kFp8 && gathered, wd);
+    consumer_main<Element, !kFp8>(s, p, plan, work, m_block, warpgroup - 1, grouped_copies, wd);
   }
   wd.settle();  // an expired watchdog instantiation: let its last copies and wgmmas land
   // A no-op for correctness (every warp is converged here), but ptxas needs the roles to rejoin at a

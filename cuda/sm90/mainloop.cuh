@@ -197,8 +197,6 @@ __device__ __forceinline__ void other_step(SharedStorage<Element>& s, const Tile
 }
 
 // wd: the wait policy (common/watchdog.cuh); the watchdog instantiation never merges in the kernel.
-// gathered_boxes: a 16-bit cache's one-token pages, whose boxes the producer warp gathers by cp.async
-// (producer.cuh BoxGatherProducer): the waits fence for the async proxy (BoxRingConsumer::gathered).
 // kNextScoresFirst: in the other consumer's step, whether S of the next tile starts (its first box,
 // behind our P V) before we release our boxes of this tile, or only after the release. Starting it
 // first keeps the tensor pipe going, but its first box must have landed, so the release of tile g
@@ -209,10 +207,10 @@ __device__ __forceinline__ void other_step(SharedStorage<Element>& s, const Tile
 template <typename Element, bool kNextScoresFirst, typename W>
 __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const DecodeProblem& p, const LaunchPlan& plan,
                                               const PartWork& work, int m_block, int consumer, bool grouped_copies,
-                                              bool gathered_boxes, const W& wd) {
+                                              const W& wd) {
   const int thread = threadIdx.x % 128;
   const RowCoords rc(thread);
-  const BoxRingConsumer<kNumSlots, W> kv{&s.kv_bars, grouped_copies, wd, gathered_boxes};
+  const BoxRingConsumer<kNumSlots, W> kv{&s.kv_bars, grouped_copies, wd};
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   const bool elected = thread == 0;
   TileCursor st;  // ring position and owner of the CTA's next tile

@@ -8,9 +8,10 @@ Runs one small case (several requests, a split one, an empty one) with each KERN
 or the error message}, "info": jax_mla.kernel_info() of the GPU (or its error message), "ref": the
 CPU reference}.
 --info-first calls kernel_info() before any decode (it then initializes the device itself).
---sparse also runs mla_decode_sparse on a small case over a bf16 and an FP8 cache (the kernel auto
-picks for it under this environment: SM90 gathers one-token pages, portable elsewhere or when
-JAX_MLA_KERNEL says so) into "sparse": {cache: (out, lse) or the error message}, and its float64
+--sparse also runs mla_decode_sparse on a small case over a bf16 cache, an FP8 cache and that FP8
+cache unpacked to q's dtype ("fp8_unpacked") (the kernel auto
+picks for it under this environment: SM90 gathers an FP8 cache's one-token pages; portable for a
+16-bit cache, elsewhere or when JAX_MLA_KERNEL says so) into "sparse": {cache: (out, lse) or the error message}, and its float64
 reference into "sparse_ref".
 """
 
@@ -57,10 +58,12 @@ def main() -> int:
         result["ref"] = cases.reference(data)
     if "--sparse" in args:
         result["sparse"] = {}
-        for cache in ("bf16", "fp8"):
+        for cache in ("bf16", "fp8", "fp8_unpacked"):
             with jax.default_device(jax.devices("cpu")[0]):
                 q, kv, idx, rows64 = cases.make_sparse(9402, b=3, s_q=2, h_q=64, topk=300, num_pages=40,
-                                                       page_size=16, fp8=cache == "fp8")
+                                                       page_size=16, fp8=cache != "bf16")
+                if cache == "fp8_unpacked":  # the same FP8 cache as a 16-bit one, dequantized
+                    kv = np.asarray(jax_mla.unpack_fp8_kv(kv, q.dtype))
             tl = np.array([300, 111, 0], np.int32)
             try:
                 fn = jax.jit(lambda *a: jax_mla.mla_decode_sparse(*a[:3], topk_length=a[3], return_lse=True))

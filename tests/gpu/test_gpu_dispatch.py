@@ -192,12 +192,34 @@ def test_invalid_environment_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize("env", [{}, {"JAX_MLA_KERNEL": "portable"}], ids=["auto", "portable"])
 def test_sparse_decode_on_each_kernel(tmp_path, env):
-    """mla_decode_sparse takes the kernel auto picks (on an H100 / H200 the SM90 kernel, whose
-    producer warp gathers the one-token pages; JAX_MLA_KERNEL=portable forces the portable one):
-    both match float64 over a bf16 and an FP8 cache."""
+    """mla_decode_sparse takes the kernel auto picks for the cache (on an H100 / H200 the SM90
+    kernel for an FP8 cache, whose producer warp gathers the one-token pages; portable for a 16-bit
+    cache; JAX_MLA_KERNEL=portable forces portable): each matches float64 over a bf16 and an FP8
+    cache."""
     res, _ = run_worker(tmp_path, env, "--sparse", "auto")
-    for cache in ("bf16", "fp8"):
+    for cache in ("bf16", "fp8", "fp8_unpacked"):
         got = res["sparse"][cache]
         assert not isinstance(got, str), got
         cases.assert_close_rel_l2(*got, *res["sparse_ref"][cache], out_tol=1e-2, lse_tol=1e-3)
 
+
+def test_sparse_decode_kernel_choice_per_cache_format(tmp_path):
+    """Which kernel auto runs, seen in the bits: on an SM90 device an FP8 cache's sparse decode runs
+    the SM90 kernel, and a 16-bit cache's the portable kernel (bits equal to forced portable). Each
+    kernel dequantizes exactly as unpack_fp8_kv: on the portable kernel the FP8 cache gives the
+    bits of its unpacked 16-bit copy; the SM90 kernel's differ from them (its P V rounds P to 16
+    bits), which shows it ran."""
+    needs_sm90()
+    if "sm90" not in jax_mla.kernel_info(gpu())["built"]:
+        pytest.skip("the SM90 kernel is not in this build")
+    runs = {}
+    for name, env in (("auto", {}), ("portable", {"JAX_MLA_KERNEL": "portable"})):
+        (tmp_path / name).mkdir()
+        runs[name], _ = run_worker(tmp_path / name, env, "--sparse", "auto")
+    auto, portable = runs["auto"], runs["portable"]
+    assert_bit_equal(auto["sparse"]["bf16"], portable["sparse"]["bf16"])
+    assert_bit_equal(auto["sparse"]["fp8_unpacked"], portable["sparse"]["fp8_unpacked"])
+    assert_bit_equal(portable["sparse"]["fp8"], portable["sparse"]["fp8_unpacked"])
+    a_out, p_out = auto["sparse"]["fp8"][0], portable["sparse"]["fp8"][0]
+    assert not np.array_equal(a_out.view(np.uint8), p_out.view(np.uint8)), \
+        "auto's FP8 sparse decode has the portable kernel's bits: the SM90 gather did not run"
