@@ -199,6 +199,9 @@ run_fp8() {
 # (benchmarks/bench_sparse.py: b128, h_q 128 / 64, s_q 1 / 2, topk 2048, contexts 32K / 64K). The peer
 # comes from PEERS=sparse benchmarks/peers/build.sh: carried in .peers/lib (with PINS), else built here
 # from a carried .peers/src (two heavy compiles). SPARSE_ARGS: extra bench_sparse.py arguments.
+# SPARSE_VARIANTS (as AB_VARIANTS, e.g. "X=main PYTHONPATH=/tmp/site-exp JAX_MLA_KERNEL=portable"):
+# the benchmark once per variant, each a process of its own (FlashMLA in every one: the yardstick
+# between processes).
 run_sparse() {
   echo "== jax_mla.mla_decode_sparse against FlashMLA's sparse FP8 decode (one process)"
   if ! ls .peers/lib/flashmla_sparse.so .peers/lib/PINS >/dev/null 2>&1; then
@@ -206,11 +209,15 @@ run_sparse() {
     PEERS=sparse JOBS=16 bash benchmarks/peers/build.sh > "$OUT/sparse-build.log" 2>&1 ||
       { tail -30 "$OUT/sparse-build.log"; status=1; return; }
   fi
-  local name; name=$(fresh_name sparse)
+  local name v
   clock_probe_start sparse
-  timeout "${SPARSE_TIMEOUT:-540}" python3 -P benchmarks/bench_sparse.py ${SPARSE_ARGS:-} --json "$OUT/$name.json" 2>&1 |
-    tee "$OUT/$name.log" | tail -24
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  for v in ${SPARSE_VARIANTS:-X=default}; do
+    name=$(fresh_name sparse)
+    echo "-- variant $v ($name)"
+    with_variant "$v" timeout "${SPARSE_TIMEOUT:-540}" python3 -P benchmarks/bench_sparse.py ${SPARSE_ARGS:-} \
+      --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" | tail -${SPARSE_TAIL:-24}
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
   clock_probe_report sparse
 }
 
