@@ -105,12 +105,6 @@ __device__ __forceinline__ bool mbarrier_try_wait(uint64_t* bar, uint32_t phase)
 
 // ---- TMA ------------------------------------------------------------------------------------
 
-// Prefetch of the L2 line holding src (a thread's own address: cp.async.bulk.prefetch takes a
-// warp-uniform one, which ptxas serialises lane by lane).
-__device__ __forceinline__ void prefetch_l2(const void* src) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(src) : "memory");
-}
-
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }

@@ -87,28 +87,9 @@ struct Fp8GatherProducer {
   Fp8Staging* staging;
   const uint8_t* cache;   // (slots, 656) bytes
   TileSlots<kNumSlots> tile;
-  int prefetch_tiles = 0;  // EXPERIMENT (LaunchPlan::gather_prefetch_tiles)
 
   using Source = GatheredTile;
-  // Also prefetches into L2 the rows of the tile prefetch_tiles ahead (two rows a lane), so that its
-  // gather finds them there: a gathered tile is 64 random rows, each its own DRAM (and TLB) miss.
   __device__ __forceinline__ Source locate_tile(const PagedKV& kv, int first_token) const {
-    if (prefetch_tiles > 0) {
-#pragma unroll
-      for (int i = 0; i < kBlockN / 32; ++i) {
-        const int token = first_token + prefetch_tiles * kBlockN + threadIdx.x % 32 + 32 * i;
-        if (token < kv.seq_len && token < kv.max_pages) {
-          const int page = kv.page_table[token];
-          if (page >= 0 && page < kv.num_pages) {
-            // Every 128-byte line the row's 656 bytes touch (6 or 7).
-            const uint8_t* row = cache + static_cast<int64_t>(page) * kFp8RowBytes;
-#pragma unroll
-            for (int b = 0; b < kFp8RowBytes; b += 128) ptx::prefetch_l2(row + b);
-            ptx::prefetch_l2(row + kFp8RowBytes - 1);
-          }
-        }
-      }
-    }
     return locate_gathered_tile(kv, first_token);
   }
   template <typename W = NoWatchdog>
