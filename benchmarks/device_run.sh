@@ -428,7 +428,9 @@ run_raceprobe() {
     echo "== $probe (benchmarks/$probe.cu)"
     nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a "benchmarks/$probe.cu" -o "/tmp/$probe" \
       > "$OUT/$probe-build.log" 2>&1 || { echo "build failed"; tail -5 "$OUT/$probe-build.log"; status=1; continue; }
-    for m in 0 1 2; do
+    local modes="0 1 2"
+    [ "$probe" = racecheck_probe ] && modes="0 1 2 3"  # 3: the mainloop's P hand-off
+    for m in $modes; do
       timeout 60 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 2 "/tmp/$probe" $m \
         > "$OUT/$probe-$m.log" 2>&1
       echo "mode $m: exit $?"; grep -E "^mode|SUMMARY" "$OUT/$probe-$m.log"

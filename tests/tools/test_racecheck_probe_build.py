@@ -2,6 +2,7 @@
 synchronisation each one tests:
   - benchmarks/racecheck_probe.cu (the SM90 epilogue's row-sum exchange alone): its mode 0 is the
     epilogue's barrier, a BAR.SYNC on named barrier 3 for 256 threads, as in the SM90 decode kernel;
+    its mode 3 the mainloop's P hand-off (BAR.ARV by the owner, BAR.SYNC on barrier 1 + owner);
   - benchmarks/racecheck_tma_probe.cu (the SM90 FP8 path's slot reuse alone): its modes 0 and 1 fill
     a slot with a bulk copy that completes an mbarrier by its transaction bytes (UBLKCP), waited on
     with a parity try-wait.
@@ -38,6 +39,8 @@ def test_racecheck_probe_syncs_on_named_barrier_3(tmp_path):
     sass = _probe_sass(tmp_path, "racecheck_probe")
     if sass is not None:
         assert "BAR.SYNC.DEFER_BLOCKING 0x3, 0x100" in sass
+        # mode 3, the mainloop's P hand-off: arrive on 1 + owner, the other consumer syncs on it
+        assert "BAR.ARV" in sass and "BAR.SYNC.DEFER_BLOCKING 0x1, 0x100" in sass
 
 
 def test_racecheck_tma_probe_fills_slots_by_bulk_copy(tmp_path):
