@@ -42,14 +42,6 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_
 
 // cp.async (16 bytes, L2 only) of global src into shared dst; src_bytes 0 zero-fills dst without
 // reading src (a token that is not there).
-// The same with an L2 prefetch size hint: L2 fetches the 256-byte sector pair around src from DRAM
-// (FlashMLA's sparse gather loads its 656-byte rows with .L2::256B).
-__device__ __forceinline__ void cp_async_16_l2_256(void* dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, uint32_t src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
                : "memory");
@@ -112,12 +104,6 @@ __device__ __forceinline__ bool mbarrier_try_wait(uint64_t* bar, uint32_t phase)
 }
 
 // ---- TMA ------------------------------------------------------------------------------------
-
-// Prefetch of the L2 line holding src (a thread's own address: cp.async.bulk.prefetch takes a
-// warp-uniform one, which ptxas serialises lane by lane).
-__device__ __forceinline__ void prefetch_l2(const void* src) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(src) : "memory");
-}
 
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

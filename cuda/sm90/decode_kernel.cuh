@@ -90,8 +90,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0 || (gathered && threadIdx.x < 32)) {
       producer_main<Element, kFormat>(s, p, &q_map, &kv_map, grouped_copies || kFp8 ? &kv_group_map : nullptr,
-                                      &kv_scale_map, work, m_block, wd, plan.gather_prefetch_tiles,
-                                      plan.gather_l2_256);
+                                      &kv_scale_map, work, m_block, wd);
     } else if (threadIdx.x >= 32) {
       if constexpr (kFp8) dequantize_part<Element>(s, work, threadIdx.x / 32 - 1, wd);
       // No combine kernel runs after this one: warps 1-3 write the requests with no piece.

@@ -87,50 +87,14 @@ struct Fp8GatherProducer {
   Fp8Staging* staging;
   const uint8_t* cache;   // (slots, 656) bytes
   TileSlots<kNumSlots> tile;
-  int prefetch_tiles = 0;  // EXPERIMENT (LaunchPlan::gather_prefetch_tiles)
-  bool l2_256 = false;     // EXPERIMENT (LaunchPlan::gather_l2_256)
 
   using Source = GatheredTile;
-  // Also prefetches into L2 the rows of the tile prefetch_tiles ahead (two rows a lane), so that its
-  // gather finds them there: a gathered tile is 64 random rows, each its own DRAM (and TLB) miss.
   __device__ __forceinline__ Source locate_tile(const PagedKV& kv, int first_token) const {
-    if (prefetch_tiles > 0) {
-#pragma unroll
-      for (int i = 0; i < kBlockN / 32; ++i) {
-        const int token = first_token + prefetch_tiles * kBlockN + threadIdx.x % 32 + 32 * i;
-        if (token < kv.seq_len && token < kv.max_pages) {
-          const int page = kv.page_table[token];
-          if (page >= 0 && page < kv.num_pages) {
-            // Every 128-byte line the row's 656 bytes touch (6 or 7).
-            const uint8_t* row = cache + static_cast<int64_t>(page) * kFp8RowBytes;
-#pragma unroll
-            for (int b = 0; b < kFp8RowBytes; b += 128) ptx::prefetch_l2(row + b);
-            ptx::prefetch_l2(row + kFp8RowBytes - 1);
-          }
-        }
-      }
-    }
     return locate_gathered_tile(kv, first_token);
   }
   template <typename W = NoWatchdog>
   __device__ __forceinline__ void acquire(const W& wd = W{}) const {
     wd.wait(&bars->empty[tile.slot(0)], tile.phase_of(0) ^ 1u);
-  }
-  template <typename Copy>
-  __device__ __forceinline__ void copy_rows(uint8_t* pair_dst, uint8_t* rope_dst, int rope_chunk, int position, int lane,
-                                            const Source& t, Copy copy) {
-#pragma unroll 4
-    for (int j = 0; j < kBlockN; ++j) {
-      const int slot = __shfl_sync(0xffffffffu, t.slot[j / 32], j % 32);
-      const uint32_t bytes = slot >= 0 ? 16u : 0u;
-      const uint8_t* row = cache + static_cast<int64_t>(slot >= 0 ? slot : 0) * kFp8RowBytes;
-      copy(pair_dst + j * kFp8TileCols, row + lane * 16, bytes);
-      if (lane == 0) {
-        copy(&staging->scales[position][j][0], row + kFp8ScalesOffset, bytes);
-      } else if (rope_chunk < 8) {
-        copy(rope_dst + j * 128 + ((rope_chunk ^ (j & 7)) * 16), row + kFp8RopeOffset + rope_chunk * 16, bytes);
-      }
-    }
   }
   // withheld_box >= 0 (the self-check's fault injection): the whole tile is left out.
   __device__ __forceinline__ void load_tile(const PagedKV&, const Source& t, int withheld_box = -1) {
@@ -142,14 +106,18 @@ struct Fp8GatherProducer {
     uint8_t* pair_dst = ring + static_cast<size_t>(tile.slot(kFp8RawFirstBox + lane / 8)) * kKvBoxBytes + (lane % 8) * 16;
     uint8_t* rope_dst = ring + static_cast<size_t>(tile.slot(kKvRopeBox)) * kKvBoxBytes;
     const int rope_chunk = lane - 1;
-    if (l2_256) {
-      copy_rows(pair_dst, rope_dst, rope_chunk, position, lane, t, [](void* d, const void* src, uint32_t n) {
-        ptx::cp_async_16_l2_256(d, src, n);
-      });
-    } else {
-      copy_rows(pair_dst, rope_dst, rope_chunk, position, lane, t, [](void* d, const void* src, uint32_t n) {
-        ptx::cp_async_16(d, src, n);
-      });
+#pragma unroll 4
+    for (int j = 0; j < kBlockN; ++j) {
+      const int slot = __shfl_sync(0xffffffffu, t.slot[j / 32], j % 32);
+      const uint32_t bytes = slot >= 0 ? 16u : 0u;
+      const uint8_t* row = cache + static_cast<int64_t>(slot >= 0 ? slot : 0) * kFp8RowBytes;
+      ptx::cp_async_16(pair_dst + j * kFp8TileCols, row + lane * 16, bytes);
+      if (lane == 0) {
+        ptx::cp_async_16(&staging->scales[position][j][0], row + kFp8ScalesOffset, bytes);
+      } else if (rope_chunk < 8) {
+        ptx::cp_async_16(rope_dst + j * 128 + ((rope_chunk ^ (j & 7)) * 16), row + kFp8RopeOffset + rope_chunk * 16,
+                         bytes);
+      }
     }
     ptx::cp_async_mbarrier_arrive_noinc(&staging->raw_full[position]);
   }

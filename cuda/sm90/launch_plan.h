@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 
 #include "../common/config.h"
 #include "../common/problem.h"
@@ -19,11 +18,6 @@ struct LaunchPlan {
   // (b, ceil(rows / 64)) int32 arrival counters of the merge, zeroed before the kernel (by the
   // scheduler kernel or, for a precomputed schedule, a memset). Read only when fused_merge.
   int* merge_counters;
-  // EXPERIMENT (JAX_MLA_GATHER_PREFETCH=N, A/B only): the FP8 gather of one-token pages (the sparse
-  // view) prefetches into L2 the rows of the tile N tiles ahead of the one it locates (0: off).
-  int gather_prefetch_tiles;
-  // EXPERIMENT (JAX_MLA_GATHER_L2_256=1): the gather's cp.async carry the .L2::256B hint.
-  bool gather_l2_256;
 };
 
 // The in-kernel split merge: the pieces of a request wait for each other, so every CTA of the grid
@@ -42,10 +36,6 @@ inline LaunchPlan make_launch_plan(const DecodeProblem& p, int sm_count, int* me
   LaunchPlan plan;
   plan.fused_merge = merge_counters != nullptr && fused_merge_fits(p, sm_count);
   plan.merge_counters = merge_counters;
-  const char* ahead = std::getenv("JAX_MLA_GATHER_PREFETCH");
-  plan.gather_prefetch_tiles = ahead != nullptr ? std::atoi(ahead) : 0;
-  const char* l2 = std::getenv("JAX_MLA_GATHER_L2_256");
-  plan.gather_l2_256 = l2 != nullptr && l2[0] == '1';
   return plan;
 }
 

@@ -34,8 +34,7 @@ template <typename Element, KvFormat kFormat, typename W>
 __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const DecodeProblem& p,
                                               const CUtensorMap* q_map, const CUtensorMap* kv_map,
                                               const CUtensorMap* kv_group_map, const CUtensorMap* kv_scale_map,
-                                              const PartWork& work, int m_block, const W& wd,
-                                              int gather_prefetch_tiles = 0, bool gather_l2_256 = false) {
+                                              const PartWork& work, int m_block, const W& wd) {
   // A bad block-table entry anywhere in a piece makes the whole request NaN: the flag is per piece
   // (kBadFlagSlots slots by ordinal), cleared before the piece's first tile and set before the bad
   // tile's arrivals.
@@ -46,8 +45,7 @@ __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const D
   if constexpr (kFormat == KvFormat::kFp8) {
     if (p.page_size == 1) {  // the whole warp (decode_kernel.cuh): one-token pages, gathered
       gather_part(Fp8GatherProducer<Element>{&s.kv_bars, reinterpret_cast<uint8_t*>(&s.kv[0][0]), &s.fp8,
-                                             static_cast<const uint8_t*>(p.kv_cache), {},
-                                             gather_prefetch_tiles, gather_l2_256},
+                                             static_cast<const uint8_t*>(p.kv_cache), {}},
                   p, q_map, kv_map, work, m_block, s, on_piece, on_tile, wd);
       return;
     }
