@@ -304,8 +304,11 @@ def main() -> int:
               + f"  ratio {row['ratio_to_best_peer']:.2f}  (calls {calls}, sets {num_sets}, "
               f"{time.perf_counter() - t_cfg:.0f} s)", flush=True)
         dump_json(partial=True)
-        del graphs, jstep, args_of, cache_fp8, q, cache, tables, seq_lens, q_t, cache_t, tables_t, lens_t, kcache4
-        del q_nope, q_rope, v_cache, k_cache, fm_meta, fm_splits, fa_meta
+        # Drop this config's buffers before the next one's (rebinding, not del: the closures above
+        # still name them).
+        graphs = jstep = args_of = cache_fp8 = q = cache = tables = seq_lens = None
+        q_t = cache_t = tables_t = lens_t = kcache4 = None
+        q_nope = q_rope = v_cache = k_cache = fm_meta = fm_splits = fa_meta = None
         torch.cuda.empty_cache()
 
     print()

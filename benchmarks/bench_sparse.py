@@ -465,9 +465,10 @@ def main() -> int:
               + f"  ratio {fmt(row['ratio'], '.2f')}  (calls {calls}, distinct rows {distinct:.0f}, "
               f"{time.perf_counter() - t_cfg:.0f} s)", flush=True)
         dump_json(partial=True)
-        del graphs, jstep, q, idx_all, sink
+        # Drop this config's buffers before the next one's (rebinding, not del: closures name them).
+        graphs = jstep = q = idx_all = sink = None
         if fm is not None:
-            del q_t, idx_t, kv_t, sink_t, fm_meta, fm_splits, call_flashmla
+            q_t = idx_t = kv_t = sink_t = fm_meta = fm_splits = call_flashmla = None
             torch.cuda.empty_cache()
 
     print_tables(rows, device, 1 if dry else args.repeats)

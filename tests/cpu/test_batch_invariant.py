@@ -4,7 +4,6 @@ validation. The GPU twin is tests/gpu/test_gpu_batch_invariant.py."""
 
 from __future__ import annotations
 
-import math
 
 import jax
 import jax.numpy as jnp
