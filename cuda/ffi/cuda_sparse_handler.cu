@@ -1,8 +1,8 @@
 // XLA FFI handler of the "CUDA" platform for jax_mla_decode_sparse: checks the buffers as the CPU
 // handler does (ffi/sparse_args.h), then what only the GPU path imposes, and launches it
 // (runtime/sparse_launch.h: the call as a dense decode over one-token pages on the SM90 kernel
-// for an FP8 cache, else the portable kernel). The indices are device data and are not read here: an index outside the cache makes
-// its query token's output NaN on the device instead of an error.
+// for an FP8 cache, else the portable kernel). The indices are device data and are not read here:
+// an index outside the cache makes its query token's output NaN on the device instead of an error.
 //
 // Beside the CPU target's operands and attribute it has a `workspace` result (the decode's scratch,
 // the in-op schedule and the compacted block table: common/workspace.h sparse_workspace_layout) and
@@ -90,10 +90,7 @@ ffi::Error SparseExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   const bool fp8 = p.kv_format == KvFormat::kFp8;
   const KernelSelection sel = select_on(*device, static_cast<int32_t>(Kernel::kAuto), fp8);
   if (!sel.error.empty()) return invalid_argument(kSparseTarget, sel.error);
-  Kernel kernel = fp8 && sel.ok() && sel.kernel == Kernel::kSm90 ? Kernel::kSm90 : Kernel::kPortable;
-  if (kernel == Kernel::kPortable && fp8 && !reads_fp8_cache(Kernel::kPortable)) {
-    return invalid_argument(kSparseTarget, "an FP8 kv_cache needs the SM90 or the portable kernel to read it");
-  }
+  const Kernel kernel = fp8 && sel.ok() && sel.kernel == Kernel::kSm90 ? Kernel::kSm90 : Kernel::kPortable;
   const LaunchStatus st =
       launch_sparse_decode(p, num_parts, chunks, workspace->untyped_data(), device->sm_count, stream, kernel);
   if (!st.ok()) return ffi_args::launch_error(kSparseTarget, st);

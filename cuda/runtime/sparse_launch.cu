@@ -57,9 +57,8 @@ LaunchStatus launch_sparse_decode(const SparseProblem& p, int num_parts, ChunkSp
   const WorkspaceScratch scratch = attach_workspace(d, workspace);  // the decode's part is first
   // The SM90 kernel merges its splits itself where its grid fits (the counters zeroed by the
   // scheduler kernel); the portable kernel's are merged by the combine kernel.
-  const bool sm90 = kernel == Kernel::kSm90;
-  st = launch_decode_kernel(sm90 ? Kernel::kSm90 : Kernel::kPortable, d, sm_count,
-                            sm90 ? scratch.merge_counters : nullptr, scratch.schedule_scratch, stream);
+  st = launch_decode_kernel(kernel, d, sm_count, kernel == Kernel::kSm90 ? scratch.merge_counters : nullptr,
+                            scratch.schedule_scratch, stream);
   if (!st.ok()) return st;
   if (p.attn_sink != nullptr) {
     if ((st.error = launch_attn_sink(p.dtype, p.out, p.lse, p.attn_sink, p.sink_per_request,

@@ -1,12 +1,13 @@
 // Launching one sparse decode (jax_mla_decode_sparse) on a CUDA device. No kernel of its own: the
-// call is run as a dense decode that the portable kernel already computes, over a view of the
-// problem (docs/design.md, "Sparse decode"):
+// call is run as a dense decode that the portable kernel (any cache) or the SM90 kernel (an FP8
+// cache: its producer warp gathers the rows) already computes, over a view of the problem
+// (docs/design.md, "Sparse decode"):
 //   - request r' = (r, t) for each query token (batch' = b * s_q, seq_q' = 1, rows = h_q, not causal);
 //   - the cache seen as pages of ONE token (num_pages' = num_pages * page_size, page_size' = 1), so
 //     a flat slot index is a page id, whatever the cache's own page size;
 //   - request r''s block table row = its counted indices without the -1 entries, in order, and
 //     seq_len' their count (common/sparse_table.h, one compaction kernel).
-// Then the portable kernel's scheduler, decode and combine run unchanged, and with it their rules:
+// Then the kernel's scheduler, decode and merge run unchanged, and with them their rules:
 // an index outside the cache is a page id outside [0, num_pages') below seq_len', which makes that
 // query token's out and lse NaN (the kernel's bad-page rule, through the split merge) and is never
 // read; a token with no counted index is an empty request (out 0, lse -inf). The attention sink,
@@ -28,7 +29,7 @@ namespace jax_mla {
 // combine's grid. The portable kernel must read p.kv_format (the caller selects it).
 // kernel: kPortable, or kSm90 for an FP8 cache (its producer warp gathers the one-token pages).
 LaunchStatus launch_sparse_decode(const SparseProblem& p, int num_parts, ChunkSpec chunks, void* workspace,
-                                  int sm_count, cudaStream_t stream, Kernel kernel = Kernel::kPortable);
+                                  int sm_count, cudaStream_t stream, Kernel kernel);
 
 // The dense decode the GPU runs for p (the view above), with block_table and seq_lens the
 // compacted lists; the split-KV scratch (partial_lse, partial_out) is left null.

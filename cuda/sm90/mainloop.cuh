@@ -278,7 +278,7 @@ __device__ __forceinline__ void consumer_main(SharedStorage<Element>& s, const D
           // idling through the wait, the release and the first issue; the other eight boxes follow
           // the release.
           constexpr int first_boxes = kNextScoresFirst ? 1 : 0;
-          if (kNextScoresFirst) issue_scores(s, kv, st.next(), sc, 0, first_boxes);
+          if constexpr (kNextScoresFirst) issue_scores(s, kv, st.next(), sc, 0, first_boxes);
           wgmma_wait<first_boxes>();
           fence_operands(o);
           if (elected) kv.release_tile(st.slots);

@@ -1,9 +1,9 @@
 // SM90 role: the KV producer (one thread of warpgroup 0; its whole warp for an FP8 cache of one-token
-// pages, the sparse decode's view, which it gathers: fp8_tiles.cuh Fp8GatherProducer). Walks the CTA's part with the common
-// produce_part (cuda/common/kv_producer.cuh): per piece, its first KV tile, Q of the CTA's 64-row
-// block, then the piece's other tiles into the box ring, as grouped copies for pages of >= 64
-// tokens (kv_group_map set), else box by box; an FP8 cache's tiles as their raw bytes
-// (fp8_tiles.cuh). Each tile position of the ring goes back once both consumers released it.
+// pages, the sparse decode's view, which it gathers: fp8_tiles.cuh Fp8GatherProducer). Walks the
+// CTA's part with the common produce_part (cuda/common/kv_producer.cuh): per piece, its first KV
+// tile, Q of the CTA's 64-row block, then the piece's other tiles into the box ring, as grouped
+// copies for pages of >= 64 tokens (kv_group_map set), else box by box; an FP8 cache's tiles as
+// their raw bytes (fp8_tiles.cuh). Each tile position of the ring goes back once both consumers released it.
 #pragma once
 
 #include <cstdint>

@@ -9,9 +9,9 @@ or the error message}, "info": jax_mla.kernel_info() of the GPU (or its error me
 CPU reference}.
 --info-first calls kernel_info() before any decode (it then initializes the device itself).
 --sparse also runs mla_decode_sparse on a small case over a bf16 cache, an FP8 cache and that FP8
-cache unpacked to q's dtype ("fp8_unpacked") (the kernel auto
-picks for it under this environment: SM90 gathers an FP8 cache's one-token pages; portable for a
-16-bit cache, elsewhere or when JAX_MLA_KERNEL says so) into "sparse": {cache: (out, lse) or the error message}, and its float64
+cache unpacked to q's dtype ("fp8_unpacked"), on the kernel auto picks under this environment
+(SM90 gathers an FP8 cache's one-token pages; portable for a 16-bit cache, elsewhere or when
+JAX_MLA_KERNEL says so), into "sparse": {cache: (out, lse) or the error message}, and its float64
 reference into "sparse_ref".
 """
 

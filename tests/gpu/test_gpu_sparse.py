@@ -1,7 +1,7 @@
 """mla_decode_sparse on a GPU: the kernel auto picks (for an FP8 cache SM90 on an H100 / H200, whose
 producer warp gathers the one-token pages; portable for a 16-bit cache and elsewhere; both:
-test_gpu_dispatch.py test_sparse_decode_on_each_kernel) over the cache seen as one-token pages, one request per query
-token (cuda/runtime/sparse_launch.h), against float64 on the gathered rows
+test_gpu_dispatch.py test_sparse_decode_on_each_kernel) over the cache seen as one-token pages,
+one request per query token (cuda/runtime/sparse_launch.h), against float64 on the gathered rows
 (cases.make_sparse / cases.sparse_brute_force, shared with the CPU tests in tests/cpu/test_sparse.py).
 
 Every test here is marked `gpu` (skipped without a GPU, a failure with JAX_MLA_REQUIRE_GPU=1):
