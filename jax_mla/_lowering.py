@@ -140,7 +140,15 @@ def _auto_partitioned_decode(direct):
     # Multi-device computations partitioned by XLA get mla_decode's rule (_partitioning.py).
     return _partitioning.lowering(direct, _partitioning.decode, params=_DECODE_PARAMS,
                                   defaults=dict(chunk_blocks=0), multiple_results=True,
-                                  export_direct=False)
+                                  export_direct=False, op="mla_decode")
+
+
+def _auto_partitioned_sparse(direct):
+    # Multi-device computations partitioned by XLA get mla_decode_sparse's rule (_partitioning.py).
+    return _partitioning.lowering(direct, _partitioning.decode_sparse,
+                                  params=("softmax_scale", "chunk_blocks"),
+                                  defaults=dict(chunk_blocks=0), multiple_results=True,
+                                  export_direct=False, op="mla_decode_sparse")
 
 
 _DECODE_PARAMS = ("softmax_scale", "causal", "num_parts", "kernel", "chunk_blocks")
@@ -156,8 +164,10 @@ mlir.register_lowering(_primitive.mla_decode_p, _auto_partitioned_decode(_decode
                        platform="cpu")
 mlir.register_lowering(_primitive.mla_decode_p, _auto_partitioned_decode(_decode_lowering_cuda),
                        platform="cuda")
-mlir.register_lowering(_primitive.mla_decode_sparse_p, _sparse_lowering_cpu, platform="cpu")
-mlir.register_lowering(_primitive.mla_decode_sparse_p, _sparse_lowering_cuda, platform="cuda")
+mlir.register_lowering(_primitive.mla_decode_sparse_p, _auto_partitioned_sparse(_sparse_lowering_cpu),
+                       platform="cpu")
+mlir.register_lowering(_primitive.mla_decode_sparse_p, _auto_partitioned_sparse(_sparse_lowering_cuda),
+                       platform="cuda")
 mlir.register_lowering(_primitive.mla_decode_schedule_p, _schedule_lowering, platform="cpu")
 mlir.register_lowering(_primitive.mla_decode_schedule_p, _schedule_lowering, platform="cuda")
 mlir.register_lowering(_primitive.kv_cache_update_p, _cache_update_lowering)

@@ -1,4 +1,5 @@
-"""The partitioning rules XLA applies to mla_decode and update_kv_cache under jit when their
+"""The partitioning rules XLA applies to mla_decode, mla_decode_sparse and update_kv_cache under
+jit when their
 operands are sharded over Auto mesh axes (jit in_shardings, arrays arriving sharded, shardings
 propagated from the surrounding computation).
 
@@ -29,6 +30,10 @@ mla_decode's split (operand shardings as propagation left them):
     pages, global ids rebased as in _sharding.py), replicated otherwise.
   - a passed schedule is used only when the batch is not split (it describes the whole batch).
   Every other operand layout is resharded to that by XLA, so results never depend on the layout.
+mla_decode_sparse's split: batch and heads as mla_decode's (the batch axes also from indices,
+topk_length or a per-request sink; the head axes also from attn_sink); the cache is replicated,
+since indices are global slots into all of it (a page-split cache is gathered first, as on the
+Explicit-axes path). Query tokens and their slots are never split.
 update_kv_cache's split: the cache keeps its page-axis split (pages must divide evenly). New rows
 split over the same axes write their own shard's pages (as the Explicit-axes path; writes to
 another shard's pages are dropped); otherwise every shard gets all new rows and writes those
@@ -52,12 +57,12 @@ from jax.sharding import PartitionSpec as P
 from . import _paged_write, _primitive, _sharding
 
 EXPORT_ERROR = (
-    "mla_decode: jax.export of a computation over {n} devices with mla_decode outside a manual "
+    "{op}: jax.export of a computation over {n} devices with {op} outside a manual "
     "computation: its automatic partitioning (for operands sharded over Auto mesh axes) is a "
     "compile-time callback that jax.export cannot serialize, and without it XLA would replicate "
     "the op (all-gather its operands). Shard q (and block_table, seq_lens, kv_cache) over "
     "Explicit mesh axes (jax.make_mesh(..., axis_types=(AxisType.Explicit, ...))), or call "
-    "mla_decode inside jax.shard_map; both export.")
+    "{op} inside jax.shard_map; both export.")
 
 
 def _auto_partitioned_module(ctx) -> bool:
@@ -68,11 +73,11 @@ def _auto_partitioned_module(ctx) -> bool:
 
 
 def lowering(direct, partitioned, *, params: tuple[str, ...] = (), defaults: dict | None = None,
-             multiple_results: bool, export_direct: bool):
+             multiple_results: bool, export_direct: bool, op: str = ""):
     """A lowering rule: `direct` (the plain lowering) on one device or in a manual computation,
     else the custom_partitioning function `partitioned` (operands, then the primitive's `params`
     in that order; `defaults` for optional ones a bind may omit). In an export: `direct` when
-    export_direct, else EXPORT_ERROR."""
+    export_direct, else EXPORT_ERROR naming the public function `op`."""
     names, defaults = params, dict(defaults or {})
 
     def rule(ctx, *args, **params):
@@ -81,7 +86,8 @@ def lowering(direct, partitioned, *, params: tuple[str, ...] = (), defaults: dic
         if ctx.module_context.lowering_parameters.for_export:
             if export_direct:
                 return direct(ctx, *args, **params)
-            raise ValueError(EXPORT_ERROR.format(n=ctx.module_context.axis_context.num_devices))
+            raise ValueError(EXPORT_ERROR.format(op=op,
+                                                 n=ctx.module_context.axis_context.num_devices))
         static = tuple(params[k] if k in params else defaults[k] for k in names)
         fn = lambda *xs: partitioned(*xs, *static)  # noqa: E731
         return mlir.lower_fun(fn, multiple_results=multiple_results)(ctx, *args)
@@ -91,6 +97,7 @@ def lowering(direct, partitioned, *, params: tuple[str, ...] = (), defaults: dic
 # custom_partitioning's lowering needs the device assignment and mesh, which jit only computes for
 # computations holding a primitive that asks for them.
 dispatch.prim_requires_devices_during_lowering.add(_primitive.mla_decode_p)
+dispatch.prim_requires_devices_during_lowering.add(_primitive.mla_decode_sparse_p)
 dispatch.prim_requires_devices_during_lowering.add(_primitive.kv_cache_update_p)
 
 
@@ -233,6 +240,81 @@ def _decode_global(q, kv_cache, block_table, seq_lens, schedule, softmax_scale, 
 decode = custom_partitioning(_decode_global, static_argnums=(5, 6, 7, 8, 9))
 decode.def_partition(partition=_decode_partition, infer_sharding_from_operands=_decode_infer,
                      sharding_rule=_decode_rule)
+
+
+# ----------------------------------------------------------------------------------------------
+# mla_decode_sparse
+# ----------------------------------------------------------------------------------------------
+
+class _SparseSplit:
+    """mla_decode_sparse's split: the batch as q has it, else as the result, indices,
+    topk_length or a per-request (b, h_q) sink have it; the heads as q, else the result, else
+    attn_sink. The cache is always whole (indices are global slots)."""
+
+    def __init__(self, mesh, q, indices, topk_length, attn_sink, out=None):
+        b, _, h, _ = q.shape
+        qa, ia = (_dim_axes(x) or [()] * len(x.shape) for x in (q, indices))
+        oa = (_dim_axes(out) if out is not None else None) or [()] * 4
+        has_len, sink_rank = topk_length.shape[0] > 0, len(attn_sink.shape)
+        sink_rank = sink_rank if attn_sink.shape[-1] > 0 else 0
+        tla = (_dim_axes(topk_length) or [()]) if has_len else [()]
+        sa = (_dim_axes(attn_sink) or [()] * sink_rank) if sink_rank else []
+        sink_batch = sa[0] if sink_rank == 2 else ()
+        sink_heads = sa[-1] if sink_rank else ()
+        self.batch = _first(mesh, (qa[0], oa[0], ia[0], tla[0], sink_batch), b)
+        heads = [a for a in (qa[2], oa[2], sink_heads) if not set(a) & set(self.batch)]
+        self.heads = _first(mesh, heads, h)
+        B, H = _sharding._entry(self.batch), _sharding._entry(self.heads)
+        sink_spec = {0: P(), 1: P(H), 2: P(B, H)}[sink_rank]
+        self.in_specs = (P(B, None, H, None), P(), P(B, None, None), P(B) if has_len else P(),
+                         sink_spec)
+        self.out_specs = (P(B, None, H, None), P(B, None, H))
+
+
+def _sparse_rule(softmax_scale, chunk_blocks, mesh, operand_types, result_types):
+    # Shardy: batch (b) and heads (h) pass through. Query tokens (s), columns, the cache (read
+    # whole: indices are global slots) and the selected slots (t) are not split. topk_length is
+    # (b,) or (0,), attn_sink (h_q,), (b, h_q) or (0,): an empty one is a factor of its own.
+    tl = "b" if operand_types[3].shape[0] else "z"
+    sink = {0: "y", 1: "h", 2: "b h"}[len(operand_types[4].shape) if operand_types[4].shape[-1] else 0]
+    rule = f"b s h d, p g k, b s t, {tl}, {sink} -> b s h v, b s h"
+    return rule, dict(need_replication_factors=_in_rule_order(rule, "s d p g k t z y v"))
+
+
+def _sparse_infer(softmax_scale, chunk_blocks, mesh, arg_shapes, result_shape):
+    if mesh.empty or _dim_axes(arg_shapes[0]) is None:
+        return None
+    q, _, indices, topk_length, attn_sink = arg_shapes
+    return [NamedSharding(mesh, s)
+            for s in _SparseSplit(mesh, q, indices, topk_length, attn_sink).out_specs]
+
+
+def _sparse_partition(softmax_scale, chunk_blocks, mesh, arg_shapes, result_shape):
+    q, _, indices, topk_length, attn_sink = arg_shapes
+    params = dict(softmax_scale=softmax_scale, chunk_blocks=chunk_blocks)
+
+    def per_shard(*args):
+        # Every query token's slots stay on one shard, so with chunk_blocks (batch_invariant) the
+        # shards' bits are those of the unsharded call.
+        return _primitive.mla_decode_sparse_p.bind(*args, **params)
+
+    if mesh.empty or _dim_axes(q) is None:
+        mesh, rep = _replicated_everywhere(mesh, arg_shapes)
+        return mesh, per_shard, [rep, rep], (rep,) * 5
+    split = _SparseSplit(mesh, q, indices, topk_length, attn_sink, result_shape[0])
+    return (mesh, per_shard, [NamedSharding(mesh, s) for s in split.out_specs],
+            tuple(NamedSharding(mesh, s) for s in split.in_specs))
+
+
+def _sparse_global(q, kv_cache, indices, topk_length, attn_sink, softmax_scale, chunk_blocks):
+    return _primitive.mla_decode_sparse_p.bind(q, kv_cache, indices, topk_length, attn_sink,
+                                               softmax_scale=softmax_scale,
+                                               chunk_blocks=chunk_blocks)
+
+
+decode_sparse = custom_partitioning(_sparse_global, static_argnums=(5, 6))
+decode_sparse.def_partition(partition=_sparse_partition, infer_sharding_from_operands=_sparse_infer,
+                            sharding_rule=_sparse_rule)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -63,7 +63,8 @@ def mla_decode_sparse(q, kv_cache, indices, *, topk_length=None, softmax_scale=N
     jit, vmap and jax.export work as for mla_decode; there is no gradient (use
     jax_mla.reference.mla_decode_sparse_reference). Sharding over Explicit mesh axes: q and indices
     (and topk_length) split on the batch, q and attn_sink on the heads; the cache is replicated
-    (indices are global slots). Over Auto axes XLA replicates the call's operands.
+    (indices are global slots). Over Auto axes the same split is made when XLA compiles
+    (a custom_partitioning rule; a multi-device export then needs Explicit axes or shard_map).
     """
     q, kv_cache, indices = map(_as_array, (q, kv_cache, indices))
     if topk_length is not None:

@@ -75,21 +75,99 @@ def batch_only_and_heads_only():
         agree(jax.jit(call)(*put(mesh, args, specs)), want)
 
 
-def auto_axes():
+def collectives(fn, *args):
+    text = fn.lower(*args).compile().as_text()
+    assert "jax_mla_decode_sparse" in text
+    return sorted({m.group(0) for m in COLLECTIVES.finditer(text)})
+
+
+def auto_axes(committed, cache_spec=P(), gspmd=False):
+    """Auto mesh axes (jit in_shardings, or arrays arriving sharded): the op's custom_partitioning
+    rule runs one call per shard, split as the operands are, with no collective when the cache is
+    replicated; a page-split cache is gathered (indices are global slots)."""
+    mesh = jax.make_mesh((4, 2), ("b", "h"), axis_types=(AxisType.Auto,) * 2)
+    args = inputs(seed=3)
+    want = call(*args)
+    specs = [P("b", None, "h", None), cache_spec, P("b"), P("b"), P("h")]
+    if committed:
+        fn, args = jax.jit(call), put(mesh, args, specs)
+    else:
+        fn = jax.jit(call, in_shardings=[NamedSharding(mesh, s) for s in specs])
+    shardy = jax.config.jax_use_shardy_partitioner
+    jax.config.update("jax_use_shardy_partitioner", not gspmd)
+    try:
+        got = fn(*args)
+        agree(got, want)
+        assert tuple(got[0].sharding.spec)[:3] == ("b", None, "h"), got[0].sharding.spec
+        assert tuple(got[1].sharding.spec)[:3] == ("b", None, "h"), got[1].sharding.spec
+        found = collectives(fn, *args)
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", shardy)
+    if cache_spec == P():
+        assert not found, f"collectives {found}"
+    else:
+        assert found == ["all-gather"], found
+
+
+def auto_axes_from_indices_and_sink():
+    """Only indices (batch) and attn_sink (heads) are sharded: the op takes its split from them
+    and the result comes out split that way."""
+    mesh = jax.make_mesh((4, 2), ("b", "h"), axis_types=(AxisType.Auto,) * 2)
+    args = inputs(seed=4)
+    want = call(*args)
+    specs = [P(), P(), P("b"), P(), P("h")]
+    fn = jax.jit(call, in_shardings=[NamedSharding(mesh, s) for s in specs])
+    got = fn(*args)
+    agree(got, want)
+    assert tuple(got[0].sharding.spec)[:3] == ("b", None, "h"), got[0].sharding.spec
+
+
+def auto_axes_vmapped_sinks():
+    """vmap with a sink per instance binds the (V * b, h_q) sink form; split over V on an Auto
+    axis, each shard gets its instances' sinks."""
+    mesh = jax.make_mesh((8,), ("v",), axis_types=(AxisType.Auto,))
+    q, kv, idx, tl, _ = inputs(b=2, seed=5)
+    rng = np.random.default_rng(6)
+    v = 8
+    qs = np.stack([q] * v) + rng.standard_normal((v,) + q.shape).astype(q.dtype)
+    idxs = rng.integers(-1, kv.shape[0] * kv.shape[1], (v,) + idx.shape).astype(np.int32)
+    sinks = rng.standard_normal((v, q.shape[2])).astype(np.float32)
+    mapped = jax.vmap(lambda q, i, s: call(q, kv, i, tl, s))
+    want = jax.jit(mapped)(qs, idxs, sinks)
+    fn = jax.jit(mapped, in_shardings=[NamedSharding(mesh, P("v"))] * 3)
+    got = fn(qs, idxs, sinks)
+    agree(got, want)
+    assert tuple(got[0].sharding.spec)[:1] == ("v",), got[0].sharding.spec
+    assert not collectives(fn, qs, idxs, sinks)
+
+
+def auto_axes_export_is_refused():
+    """The Auto-axes rule is a compile-time callback: a multi-device export of the op outside a
+    manual computation fails, naming the ways that export (Explicit axes, shard_map)."""
     mesh = jax.make_mesh((4, 2), ("b", "h"), axis_types=(AxisType.Auto,) * 2)
     args = inputs()
-    want = call(*args)
     specs = [P("b", None, "h", None), P(), P("b"), P("b"), P("h")]
-    shardings = [NamedSharding(mesh, s) for s in specs]
-    got = jax.jit(call, in_shardings=shardings)(*args)
-    agree(got, want)
+    fn = jax.jit(call, in_shardings=[NamedSharding(mesh, s) for s in specs])
+    try:
+        jax.export.export(fn, disabled_checks=jax_mla.export_disabled_checks())(*args)
+    except ValueError as e:
+        text = str(e)
+        assert "mla_decode_sparse" in text and "Explicit" in text and "shard_map" in text, text
+    else:
+        raise AssertionError("an export under Auto axes did not fail")
 
 
 CHECKS = {
     "explicit_batch_heads": lambda: explicit(P()),
     "explicit_cache_pages_split": lambda: explicit(P("b")),
     "explicit_batch_only_heads_only": batch_only_and_heads_only,
-    "auto_axes_replicate": auto_axes,
+    "auto_batch_heads": lambda: auto_axes(committed=False),
+    "auto_batch_heads_committed": lambda: auto_axes(committed=True),
+    "auto_batch_heads_gspmd": lambda: auto_axes(committed=True, gspmd=True),
+    "auto_cache_pages_split": lambda: auto_axes(committed=False, cache_spec=P("b")),
+    "auto_from_indices_and_sink": auto_axes_from_indices_and_sink,
+    "auto_vmapped_sinks": auto_axes_vmapped_sinks,
+    "auto_export_is_refused": auto_axes_export_is_refused,
 }
 
 

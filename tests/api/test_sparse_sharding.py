@@ -15,5 +15,7 @@ def test_sparse_sharding(cpu_devices_env):
                           env=cpu_devices_env(8), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for name in ("explicit_batch_heads", "explicit_cache_pages_split", "explicit_batch_only_heads_only",
-                 "auto_axes_replicate"):
+                 "auto_batch_heads", "auto_batch_heads_committed", "auto_batch_heads_gspmd",
+                 "auto_cache_pages_split", "auto_from_indices_and_sink", "auto_vmapped_sinks",
+                 "auto_export_is_refused"):
         assert f"{name}: ok" in proc.stdout, proc.stdout
