@@ -7,6 +7,8 @@ was written for, so no path can silently fall back to something slower:
   - the portable kernel (sm_80, which runs on every 8.x GPU, sm_90 and sm_120): HMMA (mma.sync),
     LDSM (ldmatrix) and LDGSTS (cp.async), and no local-memory spills (LDL/STL); its compute_80 PTX
     (for GPUs without a cubin) must be embedded too.
+Their FP8-cache instantiations (KvFormat::kFp8) must also carry the sparse decode's gather of
+one-token pages (common/fp8_tile.cuh gather_fp8_tile: LDGSTS, cp.async).
 The SM90 kernel's production instantiations must also carry the in-kernel split merge
 (cuda/sm90/split_merge.cuh, used at run time where the grid fits): its release-add on the arrival
 counter (REDG ... STRONG.GPU).
@@ -116,6 +118,8 @@ def main() -> int:
             failures += [f"{arch}: {n} has no {i}" for i in required if counts[i] == 0]
             failures += [f"{arch}: {n} has {i} (local memory: register spills or a stack array)" for i in forbidden
                          if counts[i] > 0]
+            if namespace != "portable" and "KvFormatE1" in n and not re.search(r"\bLDGSTS\b", text):
+                failures.append(f"{arch}: {n} (FP8 cache) has no LDGSTS (the gather of one-token pages)")
             if namespace == "sm90" and "Lb0E" in n and not re.search(_MERGE_ARRIVE, text):
                 failures.append(f"{arch}: {n} has no split-merge arrival (REDG ... STRONG.GPU)")
     res = subprocess.run([tool, "--list-ptx", so], capture_output=True, text=True)

@@ -1,7 +1,7 @@
 """Public entry point mla_decode_sparse (DeepSeek-V3.2 sparse attention decode) and its
-Explicit-axes sharding plan. CPU: its own kernel; CUDA: a decode kernel (SM90 for an FP8 cache,
-whose producer warp gathers the rows, or the portable one) over a view of the cache as one-token
-pages (docs/design.md, "Sparse decode")."""
+Explicit-axes sharding plan. CPU: its own kernel; CUDA: a decode kernel (SM90 or SM100 for an FP8
+cache, whose producer warp gathers the rows, or the portable one) over a view of the cache as
+one-token pages (docs/design.md, "Sparse decode")."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def mla_decode_sparse(q, kv_cache, indices, *, topk_length=None, softmax_scale=N
       and lse = -inf.
 
     On CUDA any page size works; b * s_q <= MAX_GPU_BATCH (16384). For an FP8 cache the kernel
-    is the one mla_decode(..., kernel="auto") picks for that format where that is sm90
+    is the one mla_decode(..., kernel="auto") picks for that format where that is sm90 or sm100
     (JAX_MLA_KERNEL and the self-check included), else portable (which must then read the format:
     jax_mla._ext.FP8_KERNELS); a 16-bit cache runs on portable.
 

@@ -73,6 +73,81 @@ __device__ __forceinline__ void load_fp8_tile(BoxAddress box, float (*scales)[kF
   }
 }
 
+// Pages of one token (the sparse decode's view, runtime/sparse_launch.h: a token's page is its cache
+// slot). TMA copies whole boxes of rows and cannot gather, so a whole warp copies each token's 656
+// bytes with cp.async, 16 bytes a lane, into the places load_fp8_tile's tensor copies fill: pair
+// k's e4m3 bytes in box kFp8RawFirstBox + k (no swizzle), the scales into `scales`, the RoPE values
+// in the RoPE box under the 128-byte swizzle. Tokens past seq_len and slots outside the cache are
+// zero-filled (the slot's request is flagged, as locate_tile's ok). Each lane's cp.async completion
+// arrives on raw_full, which therefore counts kGatherLanes arrivals and no bytes. cp.async writes
+// through the generic proxy: the dequantizing warps' proxy fence, after their raw_full wait and
+// before their arrivals, covers the tile for the tensor core (the RoPE box included).
+inline constexpr int kGatherLanes = 32;
+
+// A tile of one-token pages as the gathering warp sees it: this lane's tokens first_token + lane and
+// + lane + 32, their cache slots (-1: past seq_len, or outside the cache); ok: every token of the
+// tile below seq_len has a slot inside the cache (warp-wide, as locate_tile's ok).
+struct GatheredTile {
+  int slot[kBlockN / 32];
+  bool ok;
+};
+__device__ __forceinline__ GatheredTile locate_gathered_tile(const PagedKV& kv, int first_token) {
+  GatheredTile t;
+  bool ok = true;
+#pragma unroll
+  for (int i = 0; i < kBlockN / 32; ++i) {
+    const int token = first_token + threadIdx.x % 32 + 32 * i;
+    t.slot[i] = -1;
+    if (token < kv.seq_len) {
+      const int page = token < kv.max_pages ? kv.page_table[token] : -1;
+      if (page < 0 || page >= kv.num_pages) {
+        ok = false;
+      } else {
+        t.slot[i] = page;
+      }
+    }
+  }
+  t.ok = __all_sync(0xffffffffu, ok);
+  return t;
+}
+
+// The whole warp: the cp.async copies of a located tile of one-token pages (cache: (slots, 656)
+// bytes) into box(b) and the scales of ring position `position` of `staging` (an Fp8Staging), then
+// one arrival per lane on that position's raw_full once its copies landed. Lane l: bytes
+// 16 l .. 16 l + 15 of the e4m3 values (pair l / 8, chunk l % 8); lane 0 also the scales, lanes 1-8
+// the RoPE chunks 0-7.
+template <typename BoxAddress, typename Staging>
+__device__ __forceinline__ void gather_fp8_tile(BoxAddress box, Staging* staging, int position, const uint8_t* cache,
+                                                const GatheredTile& t) {
+  const int lane = threadIdx.x % 32;
+  uint8_t* pair_dst = box(kFp8RawFirstBox + lane / 8) + (lane % 8) * 16;
+  uint8_t* rope_dst = box(kKvRopeBox);
+  const int rope_chunk = lane - 1;
+  // Token j = 32 half + i: its slot is lane i's t.slot[half]. The halves are unrolled so that t.slot
+  // is only ever indexed by a constant (a dynamic index would put it in local memory).
+#pragma unroll
+  for (int half = 0; half < kBlockN / 32; ++half) {
+#pragma unroll 4
+    for (int i = 0; i < 32; ++i) {
+      const int j = 32 * half + i;
+      const int slot = __shfl_sync(0xffffffffu, t.slot[half], i);
+      const uint32_t bytes = slot >= 0 ? 16u : 0u;
+      const uint8_t* row = cache + static_cast<int64_t>(slot >= 0 ? slot : 0) * kFp8RowBytes;
+      ptx::cp_async_16(pair_dst + j * kFp8TileCols, row + lane * 16, bytes);
+      if (lane == 0) {
+        ptx::cp_async_16(&staging->scales[position][j][0], row + kFp8ScalesOffset, bytes);
+      } else if (rope_chunk < 8) {
+        ptx::cp_async_16(rope_dst + j * 128 + ((rope_chunk ^ (j & 7)) * 16), row + kFp8RopeOffset + rope_chunk * 16,
+                         bytes);
+      }
+    }
+  }
+  ptx::cp_async_mbarrier_arrive_noinc(&staging->raw_full[position]);
+}
+static_assert(kFp8Tiles * kFp8TileCols == 16 * kGatherLanes, "one 16-byte chunk a lane covers a token's e4m3 bytes");
+static_assert(kHeadDimRope * 2 == 8 * 16, "eight 16-byte chunks of RoPE values a token");
+static_assert(kKvBoxCols * 2 == 128, "a RoPE box row is 128 bytes (eight 16-byte chunks under the swizzle)");
+
 // The rewrite's step: one warp converts kFp8RowsPerStep whole rows (their 4 x 128 e4m3 bytes), each
 // lane kFp8ChunksPerLane 16-byte chunks of one row and one pair (64 values under one scale), so the
 // scale decode, the NaN vote and the addressing are paid once per 64 values and the four chunks are

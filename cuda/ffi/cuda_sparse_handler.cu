@@ -1,7 +1,7 @@
 // XLA FFI handler of the "CUDA" platform for jax_mla_decode_sparse: checks the buffers as the CPU
 // handler does (ffi/sparse_args.h), then what only the GPU path imposes, and launches it
-// (runtime/sparse_launch.h: the call as a dense decode over one-token pages on the SM90 kernel
-// for an FP8 cache, else the portable kernel). The indices are device data and are not read here:
+// (runtime/sparse_launch.h: the call as a dense decode over one-token pages on the SM90 or SM100
+// kernel for an FP8 cache where auto picks them, else the portable kernel). The indices are device data and are not read here:
 // an index outside the cache makes its query token's output NaN on the device instead of an error.
 //
 // Beside the CPU target's operands and attribute it has a `workspace` result (the decode's scratch,
@@ -81,16 +81,15 @@ ffi::Error SparseExecuteImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   }
   const DeviceState* device = nullptr;
   if (Status s = ready_device(kSparseTarget, &device); !s.ok()) return ffi_args::to_ffi(s);
-  // The kernel: for an FP8 cache, what auto picks for a dense decode of that format (JAX_MLA_KERNEL
-  // and the self-check included) where that is SM90, whose producer warp gathers the one-token pages
-  // (sm90/fp8_tiles.cuh Fp8GatherProducer); otherwise, and for a 16-bit cache, the portable kernel.
-  // (A 16-bit gather on SM90 was measured 2-4% slower than the portable kernel on an H100:
-  // docs/performance.md.) The selection also refuses a device below compute capability 8.0 and an
-  // FP8 cache no kernel there reads (kernel_select.h).
+  // The kernel (kernel_select.h sparse_kernel): for an FP8 cache, what auto picks for a dense decode
+  // of that format (JAX_MLA_KERNEL and the self-check included) where that is SM90 or SM100, whose
+  // producer warp gathers the one-token pages; otherwise, and for a 16-bit cache, the portable
+  // kernel. The selection also refuses a device below compute capability 8.0 and an FP8 cache no
+  // kernel there reads.
   const bool fp8 = p.kv_format == KvFormat::kFp8;
   const KernelSelection sel = select_on(*device, static_cast<int32_t>(Kernel::kAuto), fp8);
   if (!sel.error.empty()) return invalid_argument(kSparseTarget, sel.error);
-  const Kernel kernel = fp8 && sel.ok() && sel.kernel == Kernel::kSm90 ? Kernel::kSm90 : Kernel::kPortable;
+  const Kernel kernel = sel.ok() ? sparse_kernel(sel.kernel, fp8) : Kernel::kPortable;
   const LaunchStatus st =
       launch_sparse_decode(p, num_parts, chunks, workspace->untyped_data(), device->sm_count, stream, kernel);
   if (!st.ok()) return ffi_args::launch_error(kSparseTarget, st);

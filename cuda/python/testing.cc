@@ -77,7 +77,7 @@ Settings settings_for(const std::optional<std::string>& env_kernel, const std::s
 
 nb::dict select(int cc_major, int cc_minor, int32_t kernel, std::optional<std::string> env,
                 const std::string& self_check, const std::vector<std::string>& built,
-                const std::string& self_check_mode, bool fp8_cache) {
+                const std::string& self_check_mode, bool fp8_cache, bool sparse) {
   SelfCheckOutcome outcome;
   if (self_check == "not run") outcome = SelfCheckOutcome::kNotRun;
   else if (self_check == "passed") outcome = SelfCheckOutcome::kPassed;
@@ -88,7 +88,8 @@ nb::dict select(int cc_major, int cc_minor, int32_t kernel, std::optional<std::s
                     fp8_cache);
   if (!sel.error.empty()) throw nb::value_error(sel.error.c_str());
   nb::dict d;
-  d["kernel"] = sel.needs_self_check ? nb::none() : nb::object(nb::str(kernel_name(sel.kernel)));
+  const Kernel k = sparse ? sparse_kernel(sel.kernel, fp8_cache) : sel.kernel;
+  d["kernel"] = sel.needs_self_check ? nb::none() : nb::object(nb::str(kernel_name(k)));
   d["fell_back"] = sel.fell_back;
   d["needs_self_check"] = sel.needs_self_check;
   return d;
@@ -173,10 +174,11 @@ void define_testing(nb::module_ m) {
   m.def("select_kernel", &select, nb::arg("cc_major"), nb::arg("cc_minor"), nb::arg("kernel"),
         nb::arg("env") = nb::none(), nb::arg("self_check") = "not run",
         nb::arg("built") = std::vector<std::string>{"sm90"}, nb::arg("self_check_mode") = "",
-        nb::arg("fp8_cache") = false,
+        nb::arg("fp8_cache") = false, nb::arg("sparse") = false,
         "The decode kernel the CUDA handler picks (runtime/kernel_select.h) with JAX_MLA_KERNEL = env and "
-        "JAX_MLA_SELFCHECK = self_check_mode, for a kv_cache of FP8 rows when fp8_cache: {'kernel', "
-        "'fell_back', 'needs_self_check'}; ValueError with the handler's message when it refuses the call.");
+        "JAX_MLA_SELFCHECK = self_check_mode, for a kv_cache of FP8 rows when fp8_cache, for "
+        "mla_decode_sparse when sparse (kernel must then be 0, auto): {'kernel', 'fell_back', "
+        "'needs_self_check'}; ValueError with the handler's message when it refuses the call.");
   m.def("auto_candidate", &candidate, nb::arg("cc_major"), nb::arg("cc_minor"),
         nb::arg("built") = std::vector<std::string>{"sm90"}, nb::arg("self_check_mode") = "",
         "(kernel, needs_self_check): what kernel='auto' prefers on a device before any self-check.");

@@ -124,4 +124,18 @@ inline std::string compute_capability_string(int cc_major, int cc_minor) {
 KernelSelection select_kernel(int cc_major, int cc_minor, int32_t kernel_attr, const Settings& settings,
                               BuiltKernels built, SelfCheckOutcome check, bool fp8_cache = false);
 
+// Which kernels gather the sparse decode's one-token pages of an FP8 cache with a producer warp
+// (runtime/sparse_launch.h; common/fp8_tile.cuh gather_fp8_tile): SM90 and SM100. The portable
+// kernel reads any page size through its own loads.
+inline constexpr bool kGathersFp8Pages[kNumKernels] = {false, /*sm90*/ true, /*sm100*/ true, /*portable*/ false};
+
+// The kernel of a sparse decode, given `dense`, what select_kernel(..., kAuto, ..., fp8_cache)
+// chose for a dense decode of the cache's format on the device (ok()): for an FP8 cache that kernel
+// where it gathers (so JAX_MLA_KERNEL and the self-check rule it as for mla_decode), else portable;
+// for a 16-bit cache always portable (an SM90 gather of 16-bit boxes measured 2-4% slower than it
+// on an H100: docs/performance.md).
+inline Kernel sparse_kernel(Kernel dense, bool fp8_cache) {
+  return fp8_cache && kGathersFp8Pages[static_cast<int32_t>(dense)] ? dense : Kernel::kPortable;
+}
+
 }  // namespace jax_mla

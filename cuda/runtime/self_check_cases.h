@@ -73,6 +73,10 @@ struct Case {
   // request (-1: none).
   int fp8_nan_request = -1;
   int fp8_nan_token = 0;
+  // Runs over the FP8 cache only (runs_in): pages of one token, the sparse decode's view, which the
+  // SM90 and SM100 kernels read only from an FP8 cache (their producer warp gathers the rows:
+  // common/fp8_tile.cuh gather_fp8_tile); a 16-bit cache of one-token pages never reaches them.
+  bool fp8_only = false;
 
   int rows() const { return seq_q * heads_q; }
 };
@@ -131,8 +135,23 @@ inline std::vector<Case> cases() {
     c.shared_pages = 16;
     c.hot[0] = {0, 16390, 5.f};
   }
+  // The sparse decode's view (runtime/sparse_launch.h: one request per query token, pages of one
+  // token, s_q 1, not causal), over the FP8 cache only: the gathered tiles. An empty request, a
+  // slot past the cache, a NaN e4m3 byte, a hot key (the rescale), one request over three parts.
+  {
+    Case& c = add("gathered", 1, 64, false, 1, 3, {0, 1, 64, 200, 130, 300});
+    c.fp8_only = true;
+    c.bad_request = 4;
+    c.bad_past_end = true;
+    c.fp8_nan_request = 2;
+    c.fp8_nan_token = 10;
+    c.hot[0] = {5, 250, 5.f};
+  }
   return v;
 }
+
+// Whether the self-check runs case c over a cache of format f.
+inline bool runs_in(const Case& c, KvFormat f) { return !c.fp8_only || f == KvFormat::kFp8; }
 
 // Both element types, in the order the self-check runs them.
 inline constexpr DType kDTypes[2] = {DType::kBF16, DType::kF16};

@@ -1,6 +1,6 @@
 // Launching one sparse decode (jax_mla_decode_sparse) on a CUDA device. No kernel of its own: the
-// call is run as a dense decode that the portable kernel (any cache) or the SM90 kernel (an FP8
-// cache: its producer warp gathers the rows) already computes, over a view of the problem
+// call is run as a dense decode that the portable kernel (any cache) or the SM90 / SM100 kernel (an
+// FP8 cache: its producer warp gathers the rows) already computes, over a view of the problem
 // (docs/design.md, "Sparse decode"):
 //   - request r' = (r, t) for each query token (batch' = b * s_q, seq_q' = 1, rows = h_q, not causal);
 //   - the cache seen as pages of ONE token (num_pages' = num_pages * page_size, page_size' = 1), so
@@ -27,7 +27,8 @@ namespace jax_mla {
 // indices alone). workspace: sparse_workspace_layout(b * s_q, h_q, topk, num_parts,
 // chunks.max_chunks).total_bytes bytes (common/workspace.h). sm_count: the device's SMs, for the
 // combine's grid. The portable kernel must read p.kv_format (the caller selects it).
-// kernel: kPortable, or kSm90 for an FP8 cache (its producer warp gathers the one-token pages).
+// kernel: kPortable, or kSm90 / kSm100 for an FP8 cache (kernel_select.h sparse_kernel: their
+// producer warp gathers the one-token pages).
 LaunchStatus launch_sparse_decode(const SparseProblem& p, int num_parts, ChunkSpec chunks, void* workspace,
                                   int sm_count, cudaStream_t stream, Kernel kernel);
 

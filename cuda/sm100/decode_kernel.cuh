@@ -1,6 +1,7 @@
 // The SM100 MLA decode kernel: setup, role dispatch, teardown. See config.h for the CTA layout and
 // the TMEM / shared-memory plans, and each role's file for its part of the protocol:
-//   producer.cuh    warp 0      Q and the KV ring by TMA (shared DecodeKVProducer)
+//   producer.cuh    warp 0      Q and the KV ring by TMA (shared DecodeKVProducer); one-token pages
+//                               of an FP8 cache gathered by the whole warp (cp.async)
 //   fp8_tiles.cuh   warps 2-3   FP8 cache only: each tile's raw bytes rewritten as 16-bit boxes
 //   mma.cuh         warp 1      tcgen05.mma for S = Q K^T and O += P V, tcgen05.commit
 //   softmax.cuh     warps 4-7   S from TMEM, online softmax, P into shared memory
@@ -16,7 +17,8 @@
 // (checked role by role in docs/design.md), so parity waits are unambiguous.
 //   kv full[stage][box]   TMA bytes          -> MMA (S), softmax (before it writes into the stage)
 //                         (FP8: kDequantWarps arrivals, after fence.proxy.async, instead)
-//   fp8.raw_full[stage]   TMA bytes of a raw FP8 tile -> dequantizing warps (FP8 only)
+//   fp8.raw_full[stage]   TMA bytes of a raw FP8 tile -> dequantizing warps (FP8 only; gathered
+//                         one-token pages: one cp.async arrival per producer lane, no bytes)
 //   kv empty[stage]       commit after P V   -> producer
 //   q_full / q_empty      TMA / commit after the piece's last S
 //   s_full[2] / s_empty[2]  commit after S   -> softmax / 128 softmax arrivals -> MMA
@@ -81,6 +83,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
   const int lane = threadIdx.x % 32;
   constexpr bool kFp8 = kFormat == KvFormat::kFp8;
+  // An FP8 cache of one-token pages (the sparse decode's view): warp 0 gathers it (producer.cuh).
+  const bool gathered = kFp8 && p.page_size == 1;
 
   if (threadIdx.x == 0) {
     ptx::prefetch_tensor_map(&q_map);
@@ -88,7 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kFp8) {
       ptx::prefetch_tensor_map(&kv_rope_map);
       ptx::prefetch_tensor_map(&kv_scale_map);
-      for (int i = 0; i < kNumKvStages; ++i) ptx::mbarrier_init(&s.fp8.raw_full[i], 1);
+      for (int i = 0; i < kNumKvStages; ++i) ptx::mbarrier_init(&s.fp8.raw_full[i], gathered ? kGatherLanes : 1);
     }
     // FP8: a box is complete after one arrival per dequantizing warp (no TMA bytes on it).
     s.kv_bars.init(kKvConsumers, kFp8 ? kDequantWarps : 1);
@@ -123,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const PartWork work(p.schedule, p.num_parts, blockIdx.x, p.seq_lens);
   const int m_block = blockIdx.y;
   if (warp == kProducerWarp) {
-    if (lane == 0) {
+    if (lane == 0 || gathered) {
       producer_main<Element, kFormat>(s, p, &q_map, &kv_map, &kv_rope_map, &kv_scale_map, work, m_block, wd);
     }
   } else if (warp == kMmaWarp) {

@@ -1,6 +1,7 @@
 // SM100 roles for the FP8 cache (KvFormat::kFp8; the tile format and its rewrite are shared with SM90
 // in common/fp8_tile.cuh):
 //   Fp8StageProducer     warp 0, one thread: a tile's FP8 bytes by TMA into a KV stage
+//   Fp8StageGatherProducer  warp 0, all lanes: the same for one-token pages (the sparse decode), by cp.async
 //   dequantize_part      warps 2-3: those bytes rewritten in place as the stage's 16-bit boxes
 // The other roles are those of the 16-bit cache: the MMA warp and the softmax warpgroup wait on each
 // box's full barrier, which here completes with the dequantizing warps' arrivals instead of TMA
@@ -34,6 +35,28 @@ struct Fp8StageProducer : DecodeKVProducer<Element, kNumKvStages> {
     uint8_t* boxes = reinterpret_cast<uint8_t*>(this->stage_ptr(stage));
     load_fp8_tile([&](int b) { return boxes + b * kKvBoxBytes; }, staging->scales[stage], &staging->raw_full[stage],
                   kv, t, scale_map, rope_map);
+  }
+};
+
+// Producer of the FP8 stage ring for pages of one token (the sparse decode's view,
+// runtime/sparse_launch.h): DecodeKVProducer's tile walk with the whole producer warp gathering each
+// tile into the stage (common/fp8_tile.cuh gather_fp8_tile: cp.async, one raw_full arrival per lane),
+// as the SM90 kernel's Fp8GatherProducer does on its box ring.
+template <typename Element>
+struct Fp8StageGatherProducer : DecodeKVProducer<Element, kNumKvStages> {
+  static constexpr bool kWarpWide = true;
+  Fp8Staging* staging;
+  const uint8_t* cache;  // (slots, 656) bytes
+
+  __device__ __forceinline__ GatheredTile locate_tile(const PagedKV& kv, int first_token) const {
+    return locate_gathered_tile(kv, first_token);
+  }
+  // withheld_box >= 0 (the self-check's fault injection): the whole tile is left out.
+  __device__ __forceinline__ void load_tile(const PagedKV&, const GatheredTile& t, int withheld_box = -1) {
+    if (withheld_box >= 0) return;
+    const int stage = this->state.stage;
+    uint8_t* boxes = reinterpret_cast<uint8_t*>(this->stage_ptr(stage));
+    gather_fp8_tile([&](int b) { return boxes + b * kKvBoxBytes; }, staging, stage, cache, t);
   }
 };
 

@@ -1,4 +1,5 @@
-// SM100 role: the KV producer (one thread of warp 0). Walks the same pieces of work as every other
+// SM100 role: the KV producer (one thread of warp 0; the whole warp for an FP8 cache of one-token
+// pages, the sparse decode's view, which it gathers: fp8_tiles.cuh Fp8StageGatherProducer). Walks the same pieces of work as every other
 // role and streams, per piece, its first KV tile, Q of the CTA's 64-row block, then the piece's
 // other KV tiles into the shared ring with the common produce_part and DecodeKVProducer
 // (cuda/common/kv_producer.cuh), as SM90 does: locate_tile -> acquire -> load_tile -> commit_step. The ring has one consumer arrival per stage,
@@ -32,6 +33,13 @@ __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const D
   // before their arrivals). The softmax warpgroup folds it into the piece's result.
   const auto on_tile = [&](int, int stage, bool ok) { s.tile_bad[stage] = ok ? 0 : 1; };
   if constexpr (kFormat == KvFormat::kFp8) {
+    if (p.page_size == 1) {  // the whole warp (decode_kernel.cuh): one-token pages, gathered
+      Fp8StageGatherProducer<Element> producer{{&s.kv_bars, &s.kv[0][0][0], {}}, &s.fp8,
+                                               static_cast<const uint8_t*>(p.kv_cache)};
+      produce_part(producer, p, q_map, kv_map, work, m_block, &s.q[0][0], &s.q_full, &s.q_empty, [](int) {}, on_tile,
+                   wd);
+      return;
+    }
     Fp8StageProducer<Element> producer{{&s.kv_bars, &s.kv[0][0][0], {}}, &s.fp8, kv_scale_map, kv_rope_map};
     produce_part(producer, p, q_map, kv_map, work, m_block, &s.q[0][0], &s.q_full, &s.q_empty, [](int) {}, on_tile,
                  wd);

@@ -43,41 +43,9 @@ struct Fp8RingProducer : BoxRingProducer<Element, kNumSlots> {
   }
 };
 
-// Producer of the FP8 ring for pages of one token (the sparse decode's view, runtime/sparse_launch.h:
-// a token's page is its cache slot). TMA copies whole boxes of rows and cannot gather, so the whole
-// producer warp copies each token's 656 bytes with cp.async, 16 bytes a lane, into the places
-// load_fp8_tile's tensor copies fill: pair k's e4m3 bytes in box kFp8RawFirstBox + k (no swizzle),
-// the scales beside the ring, the RoPE values in the RoPE box under the 128-byte swizzle. Tokens past
-// seq_len and slots outside the cache are zero-filled (the slot's request is flagged, as
-// locate_tile's ok). Each lane's cp.async completion arrives on raw_full (kGatherLanes arrivals).
-inline constexpr int kGatherLanes = 32;
-
-// A tile of one-token pages as the gathering warp sees it: this lane's tokens first_token + lane and
-// + lane + 32, their cache slots (-1: past seq_len, or outside the cache); ok: every token of the
-// tile below seq_len has a slot inside the cache (warp-wide, as locate_tile's ok).
-struct GatheredTile {
-  int slot[kBlockN / 32];
-  bool ok;
-};
-__device__ __forceinline__ GatheredTile locate_gathered_tile(const PagedKV& kv, int first_token) {
-  GatheredTile t;
-  bool ok = true;
-#pragma unroll
-  for (int i = 0; i < kBlockN / 32; ++i) {
-    const int token = first_token + threadIdx.x % 32 + 32 * i;
-    t.slot[i] = -1;
-    if (token < kv.seq_len) {
-      const int page = token < kv.max_pages ? kv.page_table[token] : -1;
-      if (page < 0 || page >= kv.num_pages) {
-        ok = false;
-      } else {
-        t.slot[i] = page;
-      }
-    }
-  }
-  t.ok = __all_sync(0xffffffffu, ok);
-  return t;
-}
+// Producer of the FP8 ring for pages of one token (the sparse decode's view): the box ring's tile
+// walk with the whole producer warp gathering each tile (common/fp8_tile.cuh gather_fp8_tile) into
+// the tile's own slots.
 template <typename Element>
 struct Fp8GatherProducer {
   static constexpr int kRingTiles = kNumSlots / kKvBoxesQK;
@@ -99,33 +67,13 @@ struct Fp8GatherProducer {
   // withheld_box >= 0 (the self-check's fault injection): the whole tile is left out.
   __device__ __forceinline__ void load_tile(const PagedKV&, const Source& t, int withheld_box = -1) {
     if (withheld_box >= 0) return;
-    const int lane = threadIdx.x % 32;
     const int position = tile.first / kKvBoxesQK;
-    // Lane l: bytes 16 l .. 16 l + 15 of the e4m3 values (pair l / 8, chunk l % 8); lane 0 also the
-    // scales, lanes 1-8 the RoPE chunks 0-7.
-    uint8_t* pair_dst = ring + static_cast<size_t>(tile.slot(kFp8RawFirstBox + lane / 8)) * kKvBoxBytes + (lane % 8) * 16;
-    uint8_t* rope_dst = ring + static_cast<size_t>(tile.slot(kKvRopeBox)) * kKvBoxBytes;
-    const int rope_chunk = lane - 1;
-#pragma unroll 4
-    for (int j = 0; j < kBlockN; ++j) {
-      const int slot = __shfl_sync(0xffffffffu, t.slot[j / 32], j % 32);
-      const uint32_t bytes = slot >= 0 ? 16u : 0u;
-      const uint8_t* row = cache + static_cast<int64_t>(slot >= 0 ? slot : 0) * kFp8RowBytes;
-      ptx::cp_async_16(pair_dst + j * kFp8TileCols, row + lane * 16, bytes);
-      if (lane == 0) {
-        ptx::cp_async_16(&staging->scales[position][j][0], row + kFp8ScalesOffset, bytes);
-      } else if (rope_chunk < 8) {
-        ptx::cp_async_16(rope_dst + j * 128 + ((rope_chunk ^ (j & 7)) * 16), row + kFp8RopeOffset + rope_chunk * 16,
-                         bytes);
-      }
-    }
-    ptx::cp_async_mbarrier_arrive_noinc(&staging->raw_full[position]);
+    gather_fp8_tile([&](int b) { return ring + static_cast<size_t>(tile.slot(b)) * kKvBoxBytes; }, staging, position,
+                    cache, t);
   }
   __device__ __forceinline__ void commit_step() { tile.advance(); }
   __device__ __forceinline__ int tile_stage() const { return tile.first; }
 };
-static_assert(kFp8Tiles * kFp8TileCols == 16 * kGatherLanes, "one 16-byte chunk a lane covers a token's e4m3 bytes");
-static_assert(kHeadDimRope * 2 == 8 * 16, "eight 16-byte chunks of RoPE values a token");
 
 // warp: 0..kDequantWarps-1 (warps 1-3 of warpgroup 0). Walks the same tiles in the same order as the
 // producer and the consumers (work_iterator.h), so all agree on every slot and parity.

@@ -252,6 +252,32 @@ def test_auto_on_sm100_takes_it_for_fp8_only_after_the_self_check():
         assert select(cc, "sm100", built=built, fp8=True)["kernel"] == "sm100"  # explicit: no self-check
 
 
+def test_sparse_decode_kernel():
+    """mla_decode_sparse takes, for an FP8 cache, the kernel auto picks for a dense decode of that
+    format where that kernel gathers one-token pages (SM90, SM100: after its self-check, as for
+    mla_decode), else portable; for a 16-bit cache always portable."""
+    def sparse(cc, env=None, self_check="not run", built=("sm90", "sm100", "sm103"), mode="", fp8=True):
+        return _ext.testing.select_kernel(cc[0], cc[1], 0, env=env, self_check=self_check, built=list(built),
+                                          self_check_mode=mode, fp8_cache=fp8, sparse=True)["kernel"]
+
+    assert sparse((9, 0)) == "sm90"
+    assert sparse((9, 0), fp8=False) == "portable"
+    assert sparse((9, 0), env="portable") == "portable"
+    assert sparse((9, 0), built=()) == "portable"
+    assert sparse((9, 0), mode="force") is None  # the self-check first, as for mla_decode
+    assert sparse((9, 0), mode="force", self_check="passed") == "sm90"
+    for cc in ((10, 0), (10, 3)):
+        assert sparse(cc) is None
+        assert sparse(cc, self_check="passed") == "sm100"
+        assert sparse(cc, self_check="passed", fp8=False) == "portable"
+        assert sparse(cc, self_check="failed") == "portable"
+        assert sparse(cc, env="sm100") == "sm100"  # JAX_MLA_KERNEL: no self-check, as for mla_decode
+    assert sparse((8, 0)) == "portable"
+    assert sparse((12, 0)) == "portable"
+    # The dense choice is unchanged by the flag's default.
+    assert select((10, 0), built=("sm100",), self_check="passed", fp8=True)["kernel"] == "sm100"
+
+
 def test_fp8_every_combination():
     for cc, attr, env, check, built, mode in itertools.product(
             CCS, range(-1, 5), ENVS, ("not run", "passed", "failed"), BUILDS, ("", "force")):

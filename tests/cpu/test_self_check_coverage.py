@@ -18,7 +18,8 @@ on hardware) and the SM90 kernel's equivalents:
     warps run on values the comparison sees: fast steps (power-of-two, zero and negative scales,
     subnormal e4m3 bytes) and reference steps (an odd scale, a power of two outside fp16's exact range,
     a dead row's NaN in the same warp step as read rows), a NaN byte whose request must come out NaN,
-    rows zero-filled past the cache's end, pages of 16, 32, 64 and 256, the rescale path, both dtypes.
+    rows zero-filled past the cache's end, pages of 16, 32, 64 and 256, the rescale path, both dtypes,
+    and pages of one token (the sparse decode's view: the producer warp's cp.async gather, FP8 only).
 Needs no GPU and no CUDA toolkit; skipped when no C++ compiler is on PATH."""
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ REQUIRED = [
 REQUIRED_FP8 = [
     "fp8_dtype_bfloat16", "fp8_dtype_float16",
     "fp8_page_16", "fp8_page_32", "fp8_page_64", "fp8_page_256",
+    "fp8_page_1",  # the sparse decode's one-token pages, which the producer warp gathers
     "fp8_fast_step_bfloat16", "fp8_fast_step_float16",
     "fp8_reference_step_bfloat16", "fp8_reference_step_float16",
     "fp8_reference_step_odd_scale",

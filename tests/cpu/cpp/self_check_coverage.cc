@@ -10,8 +10,8 @@
 // move_reference); on a tile after a piece's first, that is a rescale of O (sm100/correction.cuh
 // rescale_o, the TMEM load / store path; sm90 rescale_o).
 //
-// The FP8 cache (the cases over it, for a candidate that reads it: self_check_cases.h kv_formats):
-// paths prefixed "fp8_". The model of the dequantizing warps (sm100/fp8_tiles.cuh, sm90/fp8_tiles.cuh):
+// The FP8 cache (the cases over it, for a candidate that reads it: self_check_cases.h kv_formats;
+// Case::fp8_only cases run over it alone): paths prefixed "fp8_". The model of the dequantizing warps (sm100/fp8_tiles.cuh, sm90/fp8_tiles.cuh):
 // a tile's rows as TMA lands them (a page chunk whose first token is past the length comes from past
 // the cache's end: zeros), cut into steps of kFp8RowsPerStep whole rows (all four pairs), the warp
 // vote's unit (common/fp8_tile.cuh dequantize_tile); a step takes the fast path iff every row's scale passes fp8_fast_factor for the element type and no
@@ -37,7 +37,11 @@ using namespace jax_mla::self_check;
 namespace {
 
 std::map<std::string, std::set<std::string>> hits;  // path -> cases
-void hit(const std::string& path, const Case& c) { hits[path].insert(c.name); }
+// A case that runs over the FP8 cache only (Case::fp8_only) reaches only the "fp8_" paths.
+void hit(const std::string& path, const Case& c) {
+  if (!runs_in(c, KvFormat::kDense) && path.rfind("fp8_", 0) != 0) return;
+  hits[path].insert(c.name);
+}
 
 int failures = 0;
 void fail(const std::string& what) {
