@@ -2,7 +2,7 @@
 # One full call on the GPU machine (the `device` tool's H200): install jax_mla, run the GPU tests,
 # the benchmark (its table), then optionally compute-sanitizer on small cases.
 #
-#   bash benchmarks/device_run.sh [all|tests|bench|fp8|sanitize|ncu|ab|ncusrc|xladump|tmabw|raceprobe|stats|peers|peersncu|sparse|multigpu]...   (default: tests bench; run in that order)
+#   bash benchmarks/device_run.sh [all|tests|bench|fp8|sanitize|ncu|ab|ncusrc|xladump|tmabw|gatherprobe|raceprobe|stats|peers|peersncu|sparse|multigpu]...   (default: tests bench; run in that order)
 # Environment: AB_WHEELS (other wheels to install for A/B variants, below), TESTS_TIMEOUT, BENCH_TIMEOUT (default 420 s: the full benchmark with --xla took more than
 # 240 s on an H200; its JSON is written after every config, so a cut keeps the finished rows), BENCH_ARGS (default --xla), SANITIZE_TIMEOUT,
 # SANITIZE_TOOLS (default "memcheck racecheck"), TESTS_ARGS (extra pytest arguments, split on
@@ -417,6 +417,18 @@ run_tmabw() {
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 
+# The ceiling of the sparse decode's gather without the MMAs (benchmarks/gather_probe.cu): one-token
+# FP8 rows at random slots by cp.async into every SM's ring, with and without the dequantizing
+# warps, with more gathering warps, a third tile in flight, the .L2::256B hint, L2 prefetch ahead.
+# GATHERPROBE_ARGS runs one configuration instead of the sweep (the probe's usage line).
+run_gatherprobe() {
+  echo "== gather ceiling (benchmarks/gather_probe.cu)"
+  nvcc -std=c++17 -O2 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -I cuda benchmarks/gather_probe.cu \
+    -o /tmp/gather_probe > "$OUT/gatherprobe-build.log" 2>&1 || { echo "build failed"; tail -5 "$OUT/gatherprobe-build.log"; status=1; return; }
+  timeout 180 /tmp/gather_probe ${GATHERPROBE_ARGS:-} 2>&1 | tee "$OUT/gatherprobe.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+}
+
 # Racecheck probes, modes 0 1 2 each under racecheck:
 #   racecheck_probe.cu      whether racecheck honours a named barrier over part of a CTA (the SM90
 #                           epilogue's row-sum exchange alone; mode 2 is the racy control);
@@ -456,6 +468,7 @@ for step in "${steps[@]}"; do
     ncusrc) run_ncusrc ;;
     xladump) run_xladump ;;
     tmabw) run_tmabw ;;
+    gatherprobe) run_gatherprobe ;;
     stats) run_stats ;;
     raceprobe) run_raceprobe ;;
     peers) run_peers ;;
