@@ -14,7 +14,12 @@
 //     runs the shipped code (common/fp8_tile.cuh locate_gathered_tile + gather_fp8_tile); otherwise a
 //     probe copy of the same loop over each warp's share of the tokens (64 / G), optionally with the
 //     .L2::256B prefetch-size hint on every cp.async and prefetch.global.L2 of the rows `ahead`
-//     tiles ahead (issued before the wait for a free position);
+//     tiles ahead (issued before the wait for a free position). `transport` picks how the probe's
+//     copy moves a row: 0 cp.async (16 bytes a lane, as shipped), 1 per-row bulk copies through the
+//     TMA unit (cp.async.bulk: 4 pair chunks of 128 bytes, the scales, the RoPE values unswizzled:
+//     6 copies a row, completing raw_full's transaction count; the issue's "per-row bulk copies"),
+//     2 loads into registers (ld.global.nc, 16 bytes a lane, 8 tokens in flight) stored to shared
+//     memory (FlashMLA's sparse producer moves rows so);
 //   dequantizing warps (D = 0 or 3): as the SM90 kernel's warps 1-3, wait for the tile's raw_full
 //     and rewrite it in place as 16-bit boxes (common/fp8_tile.cuh dequantize_tile, bf16), arriving
 //     on the boxes' full barriers;
@@ -32,7 +37,7 @@
 // Build and run on the GPU machine (compile only here):
 //   nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a -I cuda benchmarks/gather_probe.cu -o /tmp/gather_probe
 //   /tmp/gather_probe                        # the default sweep
-//   /tmp/gather_probe WS_MB TILES POSITIONS GATHER_WARPS DEQUANT_WARPS HOLD ORDER AHEAD L2_256 [REPS]
+//   /tmp/gather_probe WS_MB TILES POSITIONS GATHER_WARPS DEQUANT_WARPS HOLD ORDER AHEAD L2_256 TRANSPORT [REPS]
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -78,8 +83,10 @@ struct alignas(1024) Ring {
 
 struct Config {
   int ws_mb = 2048, tiles = 64, positions = 2, gather_warps = 1, dequant_warps = 3, hold = 0, order = 0,
-      ahead = 0, l2_256 = 0, reps = 7;
+      ahead = 0, l2_256 = 0, transport = 0, reps = 7;
 };
+
+enum Transport : int { kCpAsync = 0, kBulk = 1, kRegisters = 2 };
 
 __device__ __forceinline__ void cp_async_16_l2_256(void* dst, const void* src, uint32_t src_bytes) {
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(ptx::smem_addr(dst)), "l"(src),
@@ -125,17 +132,96 @@ __device__ __forceinline__ void gather_share(uint8_t (*tile)[kKvBoxBytes], float
   ptx::cp_async_mbarrier_arrive_noinc(raw_full);
 }
 
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   ptx::smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(ptx::smem_addr(bar))
+               : "memory");
+}
+
+// Transport 1: warp w's tokens by per-row bulk copies, lane i the rows of tokens first + i (and
+// + 32): 4 pair chunks, the scales, the RoPE values (unswizzled: a probe of the transport only).
+// Lane 0 arms raw_full with the share's bytes first (one arrival of the warp).
+__device__ __forceinline__ void bulk_share(uint8_t (*tile)[kKvBoxBytes], float (*scales)[kFp8Tiles],
+                                           uint64_t* raw_full, const uint8_t* cache, const int32_t* slots, int w,
+                                           int warps) {
+  const int lane = threadIdx.x % 32;
+  const int count = kBlockN / warps, first = w * count;
+  if (lane == 0) ptx::mbarrier_arrive_expect_tx(raw_full, count * kFp8RowBytes);
+  __syncwarp();
+  for (int i = lane; i < count; i += 32) {
+    const int j = first + i;
+    const uint8_t* row = cache + static_cast<int64_t>(slots[j]) * kFp8RowBytes;
+#pragma unroll
+    for (int pair = 0; pair < kFp8Tiles; ++pair) {
+      bulk_copy(tile[jax_mla::kFp8RawFirstBox + pair] + j * jax_mla::kFp8TileCols, row + pair * jax_mla::kFp8TileCols,
+                jax_mla::kFp8TileCols, raw_full);
+    }
+    bulk_copy(&scales[j][0], row + jax_mla::kFp8ScalesOffset, 16, raw_full);
+    bulk_copy(tile[jax_mla::kKvRopeBox] + j * 128, row + jax_mla::kFp8RopeOffset, 128, raw_full);
+  }
+}
+
+__device__ __forceinline__ uint4 ld_nc(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// Transport 2: as gather_share's lane map, but through registers: 8 tokens' chunks loaded, then
+// stored; each lane arrives on raw_full after its stores (32 arrivals a warp).
+__device__ __forceinline__ void register_share(uint8_t (*tile)[kKvBoxBytes], float (*scales)[kFp8Tiles],
+                                               uint64_t* raw_full, const uint8_t* cache, const int32_t* slots, int w,
+                                               int warps) {
+  constexpr int kInFlight = 8;
+  const int lane = threadIdx.x % 32;
+  const int count = kBlockN / warps, first = w * count;
+  const int my_slot = lane < count ? slots[first + lane] : 0;
+  uint8_t* pair_dst = tile[jax_mla::kFp8RawFirstBox + lane / 8] + (lane % 8) * 16;
+  uint8_t* rope_dst = tile[jax_mla::kKvRopeBox];
+  const int rope_chunk = lane - 1;
+  for (int i0 = 0; i0 < count; i0 += kInFlight) {
+    uint4 pair_v[kInFlight], side_v[kInFlight];
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      const int slot = __shfl_sync(0xffffffffu, my_slot, (i0 + k) % 32);
+      const uint8_t* row = cache + static_cast<int64_t>(slot) * kFp8RowBytes;
+      pair_v[k] = ld_nc(row + lane * 16);
+      if (lane == 0) {
+        side_v[k] = ld_nc(row + jax_mla::kFp8ScalesOffset);
+      } else if (rope_chunk < 8) {
+        side_v[k] = ld_nc(row + jax_mla::kFp8RopeOffset + rope_chunk * 16);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      const int j = first + i0 + k;
+      *reinterpret_cast<uint4*>(pair_dst + j * jax_mla::kFp8TileCols) = pair_v[k];
+      if (lane == 0) {
+        *reinterpret_cast<uint4*>(&scales[j][0]) = side_v[k];
+      } else if (rope_chunk < 8) {
+        *reinterpret_cast<uint4*>(rope_dst + j * 128 + ((rope_chunk ^ (j & 7)) * 16)) = side_v[k];
+      }
+    }
+  }
+  ptx::mbarrier_arrive(raw_full);
+}
+
 template <int kPositions, int kDequantWarps, bool kL2_256>
 __global__ void __launch_bounds__(32 * (kMaxGatherWarps + 3 + 1), 1)
     gather_tiles(const uint8_t* cache, int num_slots, const int32_t* tables, int tiles, int gather_warps, int hold,
-                 int ahead, bool shipped, unsigned* sink) {
+                 int ahead, bool shipped, int transport, unsigned* sink) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   extern __shared__ uint8_t smem_raw[];
   auto& ring = *reinterpret_cast<Ring<kPositions>*>(ptx::align_dynamic_smem<1024>(smem_raw));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int p = 0; p < kPositions; ++p) {
-      ptx::mbarrier_init(&ring.fp8.raw_full[p], 32 * gather_warps);
+      // cp.async and register transports: one arrival per gathering lane; bulk copies: one per warp
+      // (its expect_tx) and the bytes.
+      ptx::mbarrier_init(&ring.fp8.raw_full[p], transport == kBulk ? gather_warps : 32 * gather_warps);
       for (int b = 0; b < kKvBoxesQK; ++b) ptx::mbarrier_init(&ring.full[p][b], kDequantWarps > 0 ? kDequantWarps : 1);
       ptx::mbarrier_init(&ring.empty[p], 1);
     }
@@ -161,8 +247,16 @@ __global__ void __launch_bounds__(32 * (kMaxGatherWarps + 3 + 1), 1)
           }
         }
         ptx::mbarrier_wait(&ring.empty[st.stage], st.phase ^ 1);
-        gather_share<kL2_256>(ring.tiles[st.stage], ring.fp8.scales[st.stage], &ring.fp8.raw_full[st.stage], cache,
-                              table + t * kBlockN, warp, gather_warps);
+        if (transport == kBulk) {
+          bulk_share(ring.tiles[st.stage], ring.fp8.scales[st.stage], &ring.fp8.raw_full[st.stage], cache,
+                     table + t * kBlockN, warp, gather_warps);
+        } else if (transport == kRegisters) {
+          register_share(ring.tiles[st.stage], ring.fp8.scales[st.stage], &ring.fp8.raw_full[st.stage], cache,
+                         table + t * kBlockN, warp, gather_warps);
+        } else {
+          gather_share<kL2_256>(ring.tiles[st.stage], ring.fp8.scales[st.stage], &ring.fp8.raw_full[st.stage],
+                                cache, table + t * kBlockN, warp, gather_warps);
+        }
       }
       st.advance();
     }
@@ -227,7 +321,7 @@ float run(const Config& c, const uint8_t* cache, int num_slots, const int32_t* t
   auto kernel = gather_tiles<kPositions, kDequantWarps, kL2_256>;
   const int smem = static_cast<int>(sizeof(Ring<kPositions>)) + 1024;
   CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const bool shipped = c.gather_warps == 1 && c.ahead == 0 && !kL2_256;
+  const bool shipped = c.gather_warps == 1 && c.ahead == 0 && !kL2_256 && c.transport == kCpAsync;
   const int threads = 32 * (c.gather_warps + kDequantWarps + 1);
   cudaEvent_t a, b;
   CHECK_CUDA(cudaEventCreate(&a));
@@ -235,7 +329,8 @@ float run(const Config& c, const uint8_t* cache, int num_slots, const int32_t* t
   std::vector<float> ms;
   for (int r = 0; r < c.reps + 1; ++r) {  // the first run warms up
     CHECK_CUDA(cudaEventRecord(a));
-    kernel<<<sms, threads, smem>>>(cache, num_slots, tables, c.tiles, c.gather_warps, c.hold, c.ahead, shipped, sink);
+    kernel<<<sms, threads, smem>>>(cache, num_slots, tables, c.tiles, c.gather_warps, c.hold, c.ahead, shipped,
+                                   c.transport, sink);
     CHECK_CUDA(cudaEventRecord(b));
     CHECK_CUDA(cudaEventSynchronize(b));
     CHECK_CUDA(cudaGetLastError());
@@ -259,8 +354,10 @@ float dispatch_dequant(const Config& c, const uint8_t* cache, int n, const int32
 
 void measure(const Config& c, int sms) {
   if (c.positions < 1 || c.positions > kMaxPositions || (c.gather_warps != 1 && c.gather_warps != 2 &&
-      c.gather_warps != 4) || (c.dequant_warps != 0 && c.dequant_warps != 3) || c.tiles < 1) {
-    std::fprintf(stderr, "bad configuration (positions 1-3, gather warps 1/2/4, dequant warps 0/3)\n");
+      c.gather_warps != 4) || (c.dequant_warps != 0 && c.dequant_warps != 3) || c.tiles < 1 || c.transport < 0 ||
+      c.transport > 2 || (c.transport != kCpAsync && c.l2_256)) {
+    std::fprintf(stderr, "bad configuration (positions 1-3, gather warps 1/2/4, dequant warps 0/3, transport 0-2, "
+                         "the L2::256B hint with transport 0 only)\n");
     std::exit(2);
   }
   const int64_t slots64 = static_cast<int64_t>(c.ws_mb) * (1 << 20) / kFp8RowBytes;
@@ -287,8 +384,10 @@ void measure(const Config& c, int sms) {
     default: ms = dispatch_dequant<3>(c, cache, num_slots, tables, sink, sms); break;
   }
   const double tiles = static_cast<double>(sms) * c.tiles;
-  std::printf("%6d %5d %4d %4d %4d %6d %-6s %4d %4d | %9.1f %9.0f %8.0f\n", c.ws_mb, c.tiles, c.positions,
+  static const char* kTransports[] = {"cp.async", "bulk", "regs"};
+  std::printf("%6d %5d %4d %4d %4d %6d %-6s %4d %4d %-8s | %9.1f %9.0f %8.0f\n", c.ws_mb, c.tiles, c.positions,
               c.gather_warps, c.dequant_warps, c.hold, c.order == 0 ? "random" : "seq", c.ahead, c.l2_256,
+              kTransports[c.transport],
               ms * 1e3, ms * 1e6 / c.tiles, tiles * kBlockN * kFp8RowBytes / (ms * 1e-3) / 1e9);
   CHECK_CUDA(cudaFree(cache));
   CHECK_CUDA(cudaFree(tables));
@@ -301,18 +400,19 @@ int main(int argc, char** argv) {
   int sms = 0;
   CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   std::printf("gather probe: one CTA per SM (%d SMs), 64-token tiles of 656-byte FP8 rows\n", sms);
-  std::printf("%6s %5s %4s %4s %4s %6s %-6s %4s %4s | %9s %9s %8s\n", "ws_MB", "tiles", "pos", "gw", "dqw", "hold",
-              "order", "ahd", "256B", "us", "ns/tile", "GB/s");
+  std::printf("%6s %5s %4s %4s %4s %6s %-6s %4s %4s %-8s | %9s %9s %8s\n", "ws_MB", "tiles", "pos", "gw", "dqw",
+              "hold", "order", "ahd", "256B", "moves", "us", "ns/tile", "GB/s");
   if (argc > 1) {
-    if (argc < 10) {
-      std::fprintf(stderr, "usage: %s WS_MB TILES POSITIONS GATHER_WARPS DEQUANT_WARPS HOLD ORDER AHEAD L2_256 [REPS]\n",
+    if (argc < 11) {
+      std::fprintf(stderr,
+                   "usage: %s WS_MB TILES POSITIONS GATHER_WARPS DEQUANT_WARPS HOLD ORDER AHEAD L2_256 TRANSPORT [REPS]\n",
                    argv[0]);
       return 2;
     }
     Config c;
     int* f[] = {&c.ws_mb, &c.tiles, &c.positions, &c.gather_warps, &c.dequant_warps, &c.hold, &c.order, &c.ahead,
-                &c.l2_256, &c.reps};
-    for (int i = 1; i < argc && i <= 10; ++i) *f[i - 1] = std::atoi(argv[i]);
+                &c.l2_256, &c.transport, &c.reps};
+    for (int i = 1; i < argc && i <= 11; ++i) *f[i - 1] = std::atoi(argv[i]);
     measure(c, sms);
     return 0;
   }
@@ -330,6 +430,9 @@ int main(int argc, char** argv) {
     for (int g : {2, 4}) { Config w = c; w.gather_warps = g; sweep.push_back(w); }
     Config h = c; h.l2_256 = 1; sweep.push_back(h);             // .L2::256B
     for (int a : {1, 2}) { Config q = c; q.ahead = a; sweep.push_back(q); }
+    for (int t : {kBulk, kRegisters}) {
+      for (int g : {1, 4}) { Config m = c; m.transport = t; m.gather_warps = g; sweep.push_back(m); }
+    }
   }
   for (const Config& c : sweep) measure(c, sms);
   return 0;

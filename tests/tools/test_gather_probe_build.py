@@ -1,7 +1,7 @@
 """benchmarks/gather_probe.cu (the sparse gather's ceiling, run on the GPU machine by
 `device_run.sh gatherprobe`) still compiles for sm_90a against the shared gather and rewrite
-(common/fp8_tile.cuh) and copies rows by cp.async: plain, with the .L2::256B hint, and with L2
-prefetches ahead. Compile only; skipped without nvcc."""
+(common/fp8_tile.cuh) and moves rows by cp.async (plain, with the .L2::256B hint, with L2 prefetches
+ahead), by per-row bulk copies and through registers. Compile only; skipped without nvcc."""
 
 from __future__ import annotations
 
@@ -47,3 +47,6 @@ def test_gather_probe_compiles_to_cp_async(tmp_path):
     assert "LDGSTS.E.BYPASS.LTC256B.128" in sass  # the .L2::256B variant
     assert "CCTL.E.PF2" in sass                   # prefetch.global.L2 ahead
     assert "LDGSTSBAR" in sass                    # cp.async.mbarrier.arrive
+    assert "UBLKCP" in sass                       # transport 1: per-row bulk copies
+    assert "LDG.E.NA.128.CONSTANT" in sass        # transport 2: ld.global.nc into registers
+    assert "LDL" not in sass and "STL" not in sass  # the register transport's 8 tokens stay in registers
