@@ -88,18 +88,27 @@ struct Config {
 
 enum Transport : int { kCpAsync = 0, kBulk = 1, kRegisters = 2 };
 
-__device__ __forceinline__ void cp_async_16_l2_256(void* dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(ptx::smem_addr(dst)), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
+// cp.async where pred holds (one predicated instruction), with or without the .L2::256B hint.
+template <bool kL2_256>
+__device__ __forceinline__ void copy_if(bool pred, uint32_t dst, const void* src) {
+  if constexpr (kL2_256) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.u32 p, %0, 0;\n @p cp.async.cg.shared.global.L2::256B [%1], [%2], 16;\n}" ::"r"(
+            static_cast<uint32_t>(pred)),
+        "r"(dst), "l"(src)
+        : "memory");
+  } else {
+    ptx::cp_async_16_if(pred, dst, src, 16);
+  }
+}
+
 // A probe copy of gather_fp8_tile for warp `w` of `warps`: tokens [64 w / warps, 64 (w + 1) / warps)
-// of the tile whose slots are `slots` (64 int32), with or without the .L2::256B hint.
+// of the tile whose slots are `slots` (64 int32), with or without the .L2::256B hint; the same lane
+// map and branch-free side copies.
 template <bool kL2_256>
 __device__ __forceinline__ void gather_share(uint8_t (*tile)[kKvBoxBytes], float (*scales)[kFp8Tiles],
                                              uint64_t* raw_full, const uint8_t* cache, const int32_t* slots,
@@ -107,27 +116,20 @@ __device__ __forceinline__ void gather_share(uint8_t (*tile)[kKvBoxBytes], float
   const int lane = threadIdx.x % 32;
   const int count = kBlockN / warps, first = w * count;
   const int my_slot = lane < count ? slots[first + lane] : 0;
-  uint8_t* pair_dst = tile[jax_mla::kFp8RawFirstBox + lane / 8] + (lane % 8) * 16;
-  uint8_t* rope_dst = tile[jax_mla::kKvRopeBox];
-  const int rope_chunk = lane - 1;
-  auto copy = [&](void* dst, const void* src) {
-    if constexpr (kL2_256) {
-      cp_async_16_l2_256(dst, src, 16);
-    } else {
-      ptx::cp_async_16(dst, src, 16);
-    }
-  };
+  const uint32_t pair_dst = ptx::smem_addr(tile[jax_mla::kFp8RawFirstBox + lane / 8]) + (lane % 8) * 16;
+  const bool side = lane <= 8;
+  const int rope_chunk = lane > 0 ? lane - 1 : 0;
+  const uint32_t scales_dst = ptx::smem_addr(&scales[0][0]);
+  const uint32_t rope_dst = ptx::smem_addr(tile[jax_mla::kKvRopeBox]);
+  const int side_src = lane == 0 ? jax_mla::kFp8ScalesOffset : jax_mla::kFp8RopeOffset + rope_chunk * 16;
 #pragma unroll 4
   for (int i = 0; i < count; ++i) {
     const int j = first + i;
     const int slot = __shfl_sync(0xffffffffu, my_slot, i);
     const uint8_t* row = cache + static_cast<int64_t>(slot) * kFp8RowBytes;
-    copy(pair_dst + j * jax_mla::kFp8TileCols, row + lane * 16);
-    if (lane == 0) {
-      copy(&scales[j][0], row + jax_mla::kFp8ScalesOffset);
-    } else if (rope_chunk < 8) {
-      copy(rope_dst + j * 128 + ((rope_chunk ^ (j & 7)) * 16), row + jax_mla::kFp8RopeOffset + rope_chunk * 16);
-    }
+    copy_if<kL2_256>(true, pair_dst + j * jax_mla::kFp8TileCols, row + lane * 16);
+    const uint32_t side_dst = lane == 0 ? scales_dst + j * 16 : rope_dst + j * 128 + ((rope_chunk ^ (j & 7)) * 16);
+    copy_if<kL2_256>(side, side_dst, row + side_src);
   }
   ptx::cp_async_mbarrier_arrive_noinc(raw_full);
 }

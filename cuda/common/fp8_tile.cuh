@@ -120,9 +120,15 @@ template <typename BoxAddress, typename Staging>
 __device__ __forceinline__ void gather_fp8_tile(BoxAddress box, Staging* staging, int position, const uint8_t* cache,
                                                 const GatheredTile& t) {
   const int lane = threadIdx.x % 32;
-  uint8_t* pair_dst = box(kFp8RawFirstBox + lane / 8) + (lane % 8) * 16;
-  uint8_t* rope_dst = box(kKvRopeBox);
-  const int rope_chunk = lane - 1;
+  const uint32_t pair_dst = ptx::smem_addr(box(kFp8RawFirstBox + lane / 8)) + (lane % 8) * 16;
+  // Lanes 0-8 also copy a side chunk of every token: lane 0 its scales, lane 1 + c its RoPE chunk c
+  // (at chunk c ^ (j % 8) of RoPE box row j: the 128-byte swizzle). Addresses are selected, not
+  // branched on, so the warp never diverges: one predicated cp.async a token.
+  const bool side = lane <= 8;
+  const int rope_chunk = lane > 0 ? lane - 1 : 0;
+  const uint32_t scales_dst = ptx::smem_addr(&staging->scales[position][0][0]);
+  const uint32_t rope_dst = ptx::smem_addr(box(kKvRopeBox));
+  const int side_src = lane == 0 ? kFp8ScalesOffset : kFp8RopeOffset + rope_chunk * 16;
   // Token j = 32 half + i: its slot is lane i's t.slot[half]. The halves are unrolled so that t.slot
   // is only ever indexed by a constant (a dynamic index would put it in local memory).
 #pragma unroll
@@ -133,13 +139,10 @@ __device__ __forceinline__ void gather_fp8_tile(BoxAddress box, Staging* staging
       const int slot = __shfl_sync(0xffffffffu, t.slot[half], i);
       const uint32_t bytes = slot >= 0 ? 16u : 0u;
       const uint8_t* row = cache + static_cast<int64_t>(slot >= 0 ? slot : 0) * kFp8RowBytes;
-      ptx::cp_async_16(pair_dst + j * kFp8TileCols, row + lane * 16, bytes);
-      if (lane == 0) {
-        ptx::cp_async_16(&staging->scales[position][j][0], row + kFp8ScalesOffset, bytes);
-      } else if (rope_chunk < 8) {
-        ptx::cp_async_16(rope_dst + j * 128 + ((rope_chunk ^ (j & 7)) * 16), row + kFp8RopeOffset + rope_chunk * 16,
-                         bytes);
-      }
+      ptx::cp_async_16_if(true, pair_dst + j * kFp8TileCols, row + lane * 16, bytes);
+      const uint32_t side_dst = lane == 0 ? scales_dst + j * (4 * kFp8Tiles)
+                                          : rope_dst + j * 128 + ((rope_chunk ^ (j & 7)) * 16);
+      ptx::cp_async_16_if(side, side_dst, row + side_src, bytes);
     }
   }
   ptx::cp_async_mbarrier_arrive_noinc(&staging->raw_full[position]);

@@ -47,6 +47,16 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, uint32_t
                : "memory");
 }
 
+// cp_async_16 issued only where `pred` holds, as one predicated instruction (no branch: a warp whose
+// lanes differ in pred does not diverge). dst: a shared-memory address (smem_addr).
+__device__ __forceinline__ void cp_async_16_if(bool pred, uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.u32 p, %0, 0;\n @p cp.async.cg.shared.global [%1], [%2], 16, %3;\n}" ::"r"(
+          static_cast<uint32_t>(pred)),
+      "r"(dst), "l"(src), "r"(src_bytes)
+      : "memory");
+}
+
 // An arrival on bar once every cp.async this thread issued before has landed; .noinc: the barrier's
 // expected count must include one such arrival per thread.
 __device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {
