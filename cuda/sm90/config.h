@@ -28,8 +28,8 @@ inline constexpr int kThreads = 128 * (1 + kNumConsumers);
 inline constexpr int kConsumerThreads = 128 * kNumConsumers;
 inline constexpr int kColsPerConsumer = kHeadDimV / kNumConsumers;  // 256 columns of O each
 inline constexpr int kVBoxesPerConsumer = kKvBoxesV / kNumConsumers;  // 4 boxes of 64 columns
-inline constexpr int kProducerRegs = 64;
-inline constexpr int kConsumerRegs = 224;
+inline constexpr int kProducerRegs = 40;
+inline constexpr int kConsumerRegs = 232;
 static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register file");
 static_assert(kBlockM == 64 && kBlockN == 64, "the wgmma tiling below assumes 64 x 64 score tiles");
 static_assert(kNumConsumers == 2, "the seesaw alternates tile ownership between two consumers");
