@@ -47,6 +47,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "check_cuda.h"
+
 #include "common/config.h"
 #include "common/fp8_tile.cuh"
 #include "common/kv_producer.cuh"
@@ -63,15 +65,6 @@ namespace ptx = jax_mla::ptx;
 
 constexpr int kMaxPositions = 3;  // 3 x 72 KB: what one SM's shared memory holds
 constexpr int kMaxGatherWarps = 4;
-
-#define CHECK_CUDA(x)                                                                           \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
 
 template <int kPositions>
 struct alignas(1024) Ring {

@@ -50,6 +50,8 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "check_cuda.h"
+
 #include "common/kv_producer.cuh"
 #include "common/ptx.cuh"
 #include "common/tensor_map.h"
@@ -67,15 +69,6 @@ constexpr int kMaxMmaWarpgroups = 2;
 constexpr int kMmaRegionBytes = kKvTileBytes;  // (9 boxes, 64, 64): Q-like and K-like operands
 constexpr int kLog2PageSize = 6;  // pages of kBlockN tokens: one TMA copy per box
 static_assert((1 << kLog2PageSize) == kBlockN);
-
-#define CHECK_CUDA(x)                                                                  \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
 
 template <int kStages>
 struct alignas(1024) Ring {
