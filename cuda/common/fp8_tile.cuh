@@ -147,31 +147,6 @@ __device__ __forceinline__ void gather_fp8_tile(BoxAddress box, Staging* staging
   }
   ptx::cp_async_mbarrier_arrive_noinc(&staging->raw_full[position]);
 }
-// EXPERIMENT: gather_fp8_tile for tokens [first, first + count) of the tile only (count <= 32), lane i
-// holding the slot of token first + i (-1: zero-filled); one arrival per lane on raw_full.
-template <typename BoxAddress, typename Staging>
-__device__ __forceinline__ void gather_fp8_tokens(BoxAddress box, Staging* staging, int position, const uint8_t* cache,
-                                                  int my_slot, int first, int count) {
-  const int lane = threadIdx.x % 32;
-  const uint32_t pair_dst = ptx::smem_addr(box(kFp8RawFirstBox + lane / 8)) + (lane % 8) * 16;
-  const bool side = lane <= 8;
-  const int rope_chunk = lane > 0 ? lane - 1 : 0;
-  const uint32_t scales_dst = ptx::smem_addr(&staging->scales[position][0][0]);
-  const uint32_t rope_dst = ptx::smem_addr(box(kKvRopeBox));
-  const int side_src = lane == 0 ? kFp8ScalesOffset : kFp8RopeOffset + rope_chunk * 16;
-#pragma unroll 4
-  for (int i = 0; i < count; ++i) {
-    const int j = first + i;
-    const int slot = __shfl_sync(0xffffffffu, my_slot, i);
-    const uint32_t bytes = slot >= 0 ? 16u : 0u;
-    const uint8_t* row = cache + static_cast<int64_t>(slot >= 0 ? slot : 0) * kFp8RowBytes;
-    ptx::cp_async_16_if(true, pair_dst + j * kFp8TileCols, row + lane * 16, bytes);
-    const uint32_t side_dst = lane == 0 ? scales_dst + j * (4 * kFp8Tiles)
-                                        : rope_dst + j * 128 + ((rope_chunk ^ (j & 7)) * 16);
-    ptx::cp_async_16_if(side, side_dst, row + side_src, bytes);
-  }
-  ptx::cp_async_mbarrier_arrive_noinc(&staging->raw_full[position]);
-}
 static_assert(kFp8Tiles * kFp8TileCols == 16 * kGatherLanes, "one 16-byte chunk a lane covers a token's e4m3 bytes");
 static_assert(kHeadDimRope * 2 == 8 * 16, "eight 16-byte chunks of RoPE values a token");
 static_assert(kKvBoxCols * 2 == 128, "a RoPE box row is 128 bytes (eight 16-byte chunks under the swizzle)");

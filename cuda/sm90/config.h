@@ -28,8 +28,8 @@ inline constexpr int kThreads = 128 * (1 + kNumConsumers);
 inline constexpr int kConsumerThreads = 128 * kNumConsumers;
 inline constexpr int kColsPerConsumer = kHeadDimV / kNumConsumers;  // 256 columns of O each
 inline constexpr int kVBoxesPerConsumer = kKvBoxesV / kNumConsumers;  // 4 boxes of 64 columns
-inline constexpr int kProducerRegs = 64;
-inline constexpr int kConsumerRegs = 224;
+inline constexpr int kProducerRegs = 40;
+inline constexpr int kConsumerRegs = 232;
 static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register file");
 static_assert(kBlockM == 64 && kBlockN == 64, "the wgmma tiling below assumes 64 x 64 score tiles");
 static_assert(kNumConsumers == 2, "the seesaw alternates tile ownership between two consumers");
@@ -76,15 +76,7 @@ struct alignas(1024) SharedStorage {
   float row_sum[2][kNumConsumers][kBlockM];             // per piece parity, per-consumer partial sums
   int bad_request[kBadFlagSlots];                       // set by the producer, per piece ordinal % slots
   Fp8Staging fp8;                                       // FP8 cache only (2 KB; unused for a 16-bit cache)
-  // EXPERIMENT (gathered FP8 tiles, 4 gathering warps): the tile's slots, written by warp 0 after
-  // the position is free, then slots_ready (1 arrival); warps 1-3 gather their tokens from them.
-  int gather_slots[kRingTiles][kBlockN];
-  uint64_t slots_ready[kRingTiles];
 };
-// EXPERIMENT: warps of warpgroup 0 that gather a tile of one-token pages (warp 0: tokens 0-15, warp
-// 1 + w: 16 (w + 1) ..).
-inline constexpr int kGatherWarps = 4;
-static_assert(kGatherWarps == 1 + kDequantWarps && kBlockN % kGatherWarps == 0 && kBlockN / kGatherWarps <= 32);
 
 template <typename Element>
 inline constexpr int kSmemBytes = sizeof(SharedStorage<Element>) + 1024;  // + alignment slack

@@ -67,10 +67,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (grouped_copies || kFp8) ptx::prefetch_tensor_map(&kv_group_map);
     if (kFp8) {
       ptx::prefetch_tensor_map(&kv_scale_map);
-      for (int t = 0; t < kRingTiles; ++t) {
-        ptx::mbarrier_init(&s.fp8.raw_full[t], gathered ? kGatherWarps * kGatherLanes : 1);
-        ptx::mbarrier_init(&s.slots_ready[t], 1);
-      }
+      for (int t = 0; t < kRingTiles; ++t) ptx::mbarrier_init(&s.fp8.raw_full[t], gathered ? kGatherLanes : 1);
     }
     s.kv_bars.init(kNumConsumers, kFp8 ? kDequantWarps : 1);
     ptx::mbarrier_init(&s.q_full, 1);
@@ -95,13 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       producer_main<Element, kFormat>(s, p, &q_map, &kv_map, grouped_copies || kFp8 ? &kv_group_map : nullptr,
                                       &kv_scale_map, work, m_block, wd);
     } else if (threadIdx.x >= 32) {
-      if constexpr (kFp8) {
-        if (gathered) {
-          gather_dequantize_part<Element>(s, p, work, threadIdx.x / 32 - 1, wd);
-        } else {
-          dequantize_part<Element>(s, work, threadIdx.x / 32 - 1, wd);
-        }
-      }
+      if constexpr (kFp8) dequantize_part<Element>(s, work, threadIdx.x / 32 - 1, wd);
       // No combine kernel runs after this one: warps 1-3 write the requests with no piece.
       if (!kWatchdog && plan.fused_merge) {
         write_empty_requests<Element>(p, blockIdx.x + blockIdx.y * gridDim.x, gridDim.x * gridDim.y,

@@ -55,8 +55,6 @@ struct Fp8GatherProducer {
   Fp8Staging* staging;
   const uint8_t* cache;   // (slots, 656) bytes
   TileSlots<kNumSlots> tile;
-  int (*gather_slots)[kRingTiles][kBlockN];
-  uint64_t (*slots_ready)[kRingTiles];
 
   using Source = GatheredTile;
   __device__ __forceinline__ Source locate_tile(const PagedKV& kv, int first_token) const {
@@ -70,15 +68,8 @@ struct Fp8GatherProducer {
   __device__ __forceinline__ void load_tile(const PagedKV&, const Source& t, int withheld_box = -1) {
     if (withheld_box >= 0) return;
     const int position = tile.first / kKvBoxesQK;
-    // EXPERIMENT: publish the tile's 64 slots for warps 1-3 (the position is free: acquire() passed),
-    // then gather tokens 0-15 here.
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int i = 0; i < kBlockN / 32; ++i) (*gather_slots)[position][lane + 32 * i] = t.slot[i];
-    __syncwarp();
-    if (lane == 0) ptx::mbarrier_arrive(&(*slots_ready)[position]);
-    gather_fp8_tokens([&](int b) { return ring + static_cast<size_t>(tile.slot(b)) * kKvBoxBytes; }, staging,
-                      position, cache, t.slot[0], 0, kBlockN / kGatherWarps);
+    gather_fp8_tile([&](int b) { return ring + static_cast<size_t>(tile.slot(b)) * kKvBoxBytes; }, staging, position,
+                    cache, t);
   }
   __device__ __forceinline__ void commit_step() { tile.advance(); }
   __device__ __forceinline__ int tile_stage() const { return tile.first; }
@@ -104,47 +95,6 @@ __device__ __forceinline__ void dequantize_part(SharedStorage<Element>& s, const
       ++tile_count;
     }
   });
-}
-
-// EXPERIMENT: warps 1-3 of warpgroup 0 with gathered one-token pages: per tile, first the rewrite of
-// the previous tile (as dequantize_part), then this warp's 16 tokens of the tile (slots from warp 0,
-// once it found the position free and published them on slots_ready). The rewrite of tile t - 1
-// needs all four warps' copies of t - 1, issued an iteration earlier; the gather of t waits only for
-// the consumers' release of t - 2, which needs the rewrite of t - 2, done an iteration earlier: no
-// cycle.
-template <typename Element, typename W>
-__device__ __forceinline__ void gather_dequantize_part(SharedStorage<Element>& s, const DecodeProblem& p,
-                                                       const PartWork& work, int warp, const W& wd) {
-  uint8_t* ring = reinterpret_cast<uint8_t*>(&s.kv[0][0]);
-  const uint8_t* cache = static_cast<const uint8_t*>(p.kv_cache);
-  const int first = kBlockN / kGatherWarps * (warp + 1);
-  const int lane = threadIdx.x % 32;
-  TileSlots<kNumSlots> tile, prev;
-  int tile_count = 0;
-  const auto rewrite = [&](const TileSlots<kNumSlots>& t, int count) {
-    const int position = t.first / kKvBoxesQK;
-    wd.wait(&s.fp8.raw_full[position], t.phase);
-    dequantize_tile<Element, kDequantWarps>(
-        [&](int b) { return ring + static_cast<size_t>(t.slot(b)) * kKvBoxBytes; },
-        [&](int b) { return &s.kv_bars.full[t.slot(b)]; }, s.fp8.scales[position], warp, count);
-  };
-  work.for_each_piece([&](const PieceOfWork& w, int) {
-#pragma unroll 1
-    for (int blk = w.begin_block; blk < w.end_block; ++blk) {
-      if (tile_count > 0) rewrite(prev, tile_count - 1);
-      const int position = tile.first / kKvBoxesQK;
-      wd.wait(&s.slots_ready[position], tile.phase);
-      if (wd.live()) {
-        const int my_slot = lane < kBlockN / kGatherWarps ? s.gather_slots[position][first + lane] : -1;
-        gather_fp8_tokens([&](int b) { return ring + static_cast<size_t>(tile.slot(b)) * kKvBoxBytes; }, &s.fp8,
-                          position, cache, my_slot, first, kBlockN / kGatherWarps);
-      }
-      prev = tile;
-      tile.advance();
-      ++tile_count;
-    }
-  });
-  if (tile_count > 0) rewrite(prev, tile_count - 1);
 }
 
 }  // namespace jax_mla::sm90

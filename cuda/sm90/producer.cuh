@@ -45,8 +45,7 @@ __device__ __forceinline__ void producer_main(SharedStorage<Element>& s, const D
   if constexpr (kFormat == KvFormat::kFp8) {
     if (p.page_size == 1) {  // the whole warp (decode_kernel.cuh): one-token pages, gathered
       gather_part(Fp8GatherProducer<Element>{&s.kv_bars, reinterpret_cast<uint8_t*>(&s.kv[0][0]), &s.fp8,
-                                             static_cast<const uint8_t*>(p.kv_cache), {}, &s.gather_slots,
-                                             &s.slots_ready},
+                                             static_cast<const uint8_t*>(p.kv_cache), {}},
                   p, q_map, kv_map, work, m_block, s, on_piece, on_tile, wd);
       return;
     }
