@@ -30,7 +30,11 @@ place, and a box is full once every rewriter arrived; optionally the tile's owne
 right before its S (an experiment, d363b13), and either release order of the other consumer's
 step (S's first box before the release, as consumer_main; or after it, 2b97cfd). Checked as above,
 plus: raw bytes never land in, and no rewrite writes, a slot a wgmma still reads; a rewrite reads
-the raw bytes of its own tile.
+the raw bytes of its own tile. With gather_warps (an experiment, ebcdb2c: the sparse decode's
+gathered tiles copied by all four warps of warpgroup 0), a tile's raw bytes land once the producer
+(after acquiring the position and publishing the tile's slots) and warps 1-3 (after the slots are
+published) both copied their shares, and warps 1-3 run, per tile t, the rewrite of t - 1 and then
+their copies of t.
 """
 
 from __future__ import annotations
@@ -79,7 +83,8 @@ def produce(model, slot_free):
                 prev = BOXES * t - model.n
                 if prev >= 0:
                     yield slot_free(*divmod(prev, BOXES))
-                model.load_raw(t)
+                model.slots_ready.add(t)  # gather_warps: the slots published (slots_ready)
+                model.copy_share(t)
                 continue
             for b in range(BOXES):
                 prev = BOXES * t + b - model.n  # the box that last held this slot
@@ -111,7 +116,8 @@ def interleave(actors, seed):
 
 class Model:
     def __init__(self, num_slots, pieces, release_before_pv_wait=False, lookahead=LOOKAHEAD, flag_slots=FLAG_SLOTS,
-                 wait_q_empty=True, fp8=False, next_scores_first=True, owner_rewrites=False):
+                 wait_q_empty=True, fp8=False, next_scores_first=True, owner_rewrites=False, gather_warps=False,
+                 gather_lead=1):
         self.n, self.pieces = num_slots, pieces
         # The FP8 cache (sm90/fp8_tiles.cuh): a tile's raw bytes land as a whole in its position
         # (V boxes 4-7 and the RoPE box), warps 1-3 of warpgroup 0 (one actor here) rewrite it in
@@ -121,6 +127,11 @@ class Model:
         # The other consumer's step: S of the next tile starts (its first box) before the release of
         # this one, as consumer_main does, or (False) only after the release.
         self.next_scores_first = next_scores_first
+        # gather_warps: warps 1-3 copy a share of every tile too, gather_lead tiles ahead of their
+        # rewrite (1: ebcdb2c's order, the rewrite of t - 1 then the copies of t).
+        self.gather_warps, self.gather_lead = gather_warps, gather_lead
+        self.slots_ready = set()           # gather_warps: tiles whose slots the producer published
+        self.shares = defaultdict(int)     # tile -> actors that copied their share of it
         self.raw_landed = set()            # FP8: tiles whose raw bytes landed (raw_full)
         self.rewrites = defaultdict(int)   # FP8: tile -> arrivals of its rewriters (full barriers)
         self.early = release_before_pv_wait  # a broken protocol, for the model's own test
@@ -176,6 +187,13 @@ class Model:
             self.content[s] = ("raw", g, b)
         self.raw_landed.add(g)
 
+    def copy_share(self, g):
+        """One copier's share of tile g's raw bytes (the producer's, and with gather_warps warps 1-3's):
+        raw_full completes with the last share."""
+        self.shares[g] += 1
+        if self.shares[g] == (2 if self.gather_warps else 1):
+            self.load_raw(g)
+
     def rewrite(self, who, g):
         """One rewriter's share of tile g (rewrite_share): wait for raw_full, convert rows in place,
         arrive on the full barriers."""
@@ -191,8 +209,20 @@ class Model:
         self.rewrites[g] += 1
 
     def rewriter(self):
-        """warps 1-3 of warpgroup 0 (dequantize_part), as one actor: every tile in order."""
-        for g in range(sum(self.pieces)):
+        """warps 1-3 of warpgroup 0 (dequantize_part), as one actor: every tile in order. With
+        gather_warps (gather_dequantize_part): per tile t, the rewrite of t - gather_lead, then, once
+        the producer published t's slots, their share of t's copies."""
+        total = sum(self.pieces)
+        if not self.gather_warps:
+            for g in range(total):
+                yield from self.rewrite("rewriter", g)
+            return
+        for g in range(total):
+            if g >= self.gather_lead:
+                yield from self.rewrite("rewriter", g - self.gather_lead)
+            yield lambda g=g: g in self.slots_ready
+            self.copy_share(g)
+        for g in range(max(total - self.gather_lead, 0), total):
             yield from self.rewrite("rewriter", g)
 
     def start_read(self, c, kind, g, boxes):
@@ -310,6 +340,28 @@ def test_fp8_ring_protocol_under_random_interleavings(num_slots, lookahead, next
     for trial in range(60):
         Model(num_slots, random_pieces(rng), lookahead=lookahead, fp8=True, next_scores_first=next_scores_first,
               owner_rewrites=owner_rewrites).run(seed=trial)
+
+
+@pytest.mark.parametrize("next_scores_first", [False, True])
+@pytest.mark.parametrize("lookahead", [1, 0, 2])
+@pytest.mark.parametrize("num_slots", [18, 27])
+def test_fp8_four_gathering_warps_under_random_interleavings(num_slots, lookahead, next_scores_first):
+    """ebcdb2c (an experiment): warps 1-3 copy shares of the gathered tiles, per tile the rewrite of
+    the previous tile first; in either release order (False: the FP8 kernel's since 855cdff). No
+    deadlock, no copy or rewrite under a read."""
+    rng = random.Random(num_slots * 11 + 5 + 100 * lookahead + 7 * next_scores_first)
+    for trial in range(60):
+        Model(num_slots, random_pieces(rng), lookahead=lookahead, fp8=True, gather_warps=True,
+              next_scores_first=next_scores_first).run(seed=trial)
+
+
+def test_the_model_catches_warps_that_copy_two_tiles_ahead_of_their_rewrite():
+    """With S of the next tile issued before the release (next_scores_first), copies of tile t + 1
+    before the rewrite of t - 1 wait for the consumers' release of t - 2, which waits for S of t - 1,
+    which needs that very rewrite: a deadlock (why gather_dequantize_part rewrites first)."""
+    with pytest.raises(ProtocolError, match="deadlock"):
+        for trial in range(50):
+            Model(18, [8, 5], fp8=True, gather_warps=True, gather_lead=2, next_scores_first=True).run(seed=trial)
 
 
 def test_the_model_catches_an_owner_rewrite_behind_its_own_s():
