@@ -20,6 +20,8 @@
 //     6 copies a row, completing raw_full's transaction count; the issue's "per-row bulk copies"),
 //     2 loads into registers (ld.global.nc, 16 bytes a lane, 8 tokens in flight) stored to shared
 //     memory (FlashMLA's sparse producer moves rows so);
+//   fused (ebcdb2c's warpgroup 0): 4 gathering warps of which warps 1-3 are also the dequantizing
+//     ones, per tile the rewrite of the previous tile and then their copies of this one;
 //   dequantizing warps (D = 0 or 3): as the SM90 kernel's warps 1-3, wait for the tile's raw_full
 //     and rewrite it in place as 16-bit boxes (common/fp8_tile.cuh dequantize_tile, bf16), arriving
 //     on the boxes' full barriers;
@@ -37,7 +39,7 @@
 // Build and run on the GPU machine (compile only here):
 //   nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a -I cuda benchmarks/gather_probe.cu -o /tmp/gather_probe
 //   /tmp/gather_probe                        # the default sweep
-//   /tmp/gather_probe WS_MB TILES POSITIONS GATHER_WARPS DEQUANT_WARPS HOLD ORDER AHEAD L2_256 TRANSPORT [REPS]
+//   /tmp/gather_probe WS_MB TILES POSITIONS GATHER_WARPS DEQUANT_WARPS HOLD ORDER AHEAD L2_256 TRANSPORT FUSED [REPS]
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -76,7 +78,7 @@ struct alignas(1024) Ring {
 
 struct Config {
   int ws_mb = 2048, tiles = 64, positions = 2, gather_warps = 1, dequant_warps = 3, hold = 0, order = 0,
-      ahead = 0, l2_256 = 0, transport = 0, reps = 7;
+      ahead = 0, l2_256 = 0, transport = 0, fused = 0, reps = 7;
 };
 
 enum Transport : int { kCpAsync = 0, kBulk = 1, kRegisters = 2 };
@@ -207,7 +209,7 @@ __device__ __forceinline__ void register_share(uint8_t (*tile)[kKvBoxBytes], flo
 template <int kPositions, int kDequantWarps, bool kL2_256>
 __global__ void __launch_bounds__(32 * (kMaxGatherWarps + 3 + 1), 1)
     gather_tiles(const uint8_t* cache, int num_slots, const int32_t* tables, int tiles, int gather_warps, int hold,
-                 int ahead, bool shipped, int transport, unsigned* sink) {
+                 int ahead, bool shipped, int transport, bool fused, unsigned* sink) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   extern __shared__ uint8_t smem_raw[];
   auto& ring = *reinterpret_cast<Ring<kPositions>*>(ptx::align_dynamic_smem<1024>(smem_raw));
@@ -224,7 +226,43 @@ __global__ void __launch_bounds__(32 * (kMaxGatherWarps + 3 + 1), 1)
   }
   __syncthreads();
   const int32_t* table = tables + static_cast<int64_t>(blockIdx.x) * tiles * kBlockN;  // (tiles, 64)
-  if (warp < gather_warps) {
+  // One gathering warp's work on tile t at ring state st (after the position is free).
+  const auto gather = [&](int t, const jax_mla::PipelineState<kPositions>& st, int share) {
+    if (transport == kBulk) {
+      bulk_share(ring.tiles[st.stage], ring.fp8.scales[st.stage], &ring.fp8.raw_full[st.stage], cache,
+                 table + t * kBlockN, share, gather_warps);
+    } else if (transport == kRegisters) {
+      register_share(ring.tiles[st.stage], ring.fp8.scales[st.stage], &ring.fp8.raw_full[st.stage], cache,
+                     table + t * kBlockN, share, gather_warps);
+    } else {
+      gather_share<kL2_256>(ring.tiles[st.stage], ring.fp8.scales[st.stage], &ring.fp8.raw_full[st.stage], cache,
+                            table + t * kBlockN, share, gather_warps);
+    }
+  };
+  // One dequantizing warp's share of tile t (after its raw_full wait).
+  const auto rewrite = [&](int t, const jax_mla::PipelineState<kPositions>& st, int dw) {
+    if constexpr (kDequantWarps > 0) {
+      ptx::mbarrier_wait(&ring.fp8.raw_full[st.stage], st.phase);
+      uint8_t(*tile)[kKvBoxBytes] = ring.tiles[st.stage];
+      uint64_t* full = ring.full[st.stage];
+      jax_mla::dequantize_tile<__nv_bfloat16, kDequantWarps>([&](int b) { return tile[b]; },
+                                                            [&](int b) { return &full[b]; },
+                                                            ring.fp8.scales[st.stage], dw, t);
+    }
+  };
+  const int consumer_warp = fused ? gather_warps : gather_warps + kDequantWarps;
+  if (fused && warp >= 1 && warp < gather_warps) {
+    // ebcdb2c's warps 1-3: per tile, the rewrite of the previous tile, then their copies of this one.
+    jax_mla::PipelineState<kPositions> st, prev;
+    for (int t = 0; t < tiles; ++t) {
+      if (t > 0) rewrite(t - 1, prev, warp - 1);
+      ptx::mbarrier_wait(&ring.empty[st.stage], st.phase ^ 1);
+      gather(t, st, warp);
+      prev = st;
+      st.advance();
+    }
+    if (tiles > 0) rewrite(tiles - 1, prev, warp - 1);
+  } else if (warp < gather_warps) {
     jax_mla::PipelineState<kPositions> st;
     const jax_mla::PagedKV kv{nullptr, table, tiles * kBlockN, 1, 0, num_slots, tiles * kBlockN, num_slots};
     for (int t = 0; t < tiles; ++t) {
@@ -242,33 +280,17 @@ __global__ void __launch_bounds__(32 * (kMaxGatherWarps + 3 + 1), 1)
           }
         }
         ptx::mbarrier_wait(&ring.empty[st.stage], st.phase ^ 1);
-        if (transport == kBulk) {
-          bulk_share(ring.tiles[st.stage], ring.fp8.scales[st.stage], &ring.fp8.raw_full[st.stage], cache,
-                     table + t * kBlockN, warp, gather_warps);
-        } else if (transport == kRegisters) {
-          register_share(ring.tiles[st.stage], ring.fp8.scales[st.stage], &ring.fp8.raw_full[st.stage], cache,
-                         table + t * kBlockN, warp, gather_warps);
-        } else {
-          gather_share<kL2_256>(ring.tiles[st.stage], ring.fp8.scales[st.stage], &ring.fp8.raw_full[st.stage],
-                                cache, table + t * kBlockN, warp, gather_warps);
-        }
+        gather(t, st, warp);
       }
       st.advance();
     }
-  } else if (warp < gather_warps + kDequantWarps) {
-    if constexpr (kDequantWarps > 0) {
-      jax_mla::PipelineState<kPositions> st;
-      for (int t = 0; t < tiles; ++t) {
-        ptx::mbarrier_wait(&ring.fp8.raw_full[st.stage], st.phase);
-        uint8_t(*tile)[kKvBoxBytes] = ring.tiles[st.stage];
-        uint64_t* full = ring.full[st.stage];
-        jax_mla::dequantize_tile<__nv_bfloat16, kDequantWarps>([&](int b) { return tile[b]; },
-                                                              [&](int b) { return &full[b]; },
-                                                              ring.fp8.scales[st.stage], warp - gather_warps, t);
-        st.advance();
-      }
+  } else if (!fused && warp < gather_warps + kDequantWarps) {
+    jax_mla::PipelineState<kPositions> st;
+    for (int t = 0; t < tiles; ++t) {
+      rewrite(t, st, warp - gather_warps);
+      st.advance();
     }
-  } else if (warp == gather_warps + kDequantWarps) {
+  } else if (warp == consumer_warp) {
     jax_mla::PipelineState<kPositions> st;
     unsigned acc = 0;
     for (int t = 0; t < tiles; ++t) {
@@ -317,7 +339,7 @@ float run(const Config& c, const uint8_t* cache, int num_slots, const int32_t* t
   const int smem = static_cast<int>(sizeof(Ring<kPositions>)) + 1024;
   CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const bool shipped = c.gather_warps == 1 && c.ahead == 0 && !kL2_256 && c.transport == kCpAsync;
-  const int threads = 32 * (c.gather_warps + kDequantWarps + 1);
+  const int threads = 32 * (c.fused ? c.gather_warps + 1 : c.gather_warps + kDequantWarps + 1);
   cudaEvent_t a, b;
   CHECK_CUDA(cudaEventCreate(&a));
   CHECK_CUDA(cudaEventCreate(&b));
@@ -325,7 +347,7 @@ float run(const Config& c, const uint8_t* cache, int num_slots, const int32_t* t
   for (int r = 0; r < c.reps + 1; ++r) {  // the first run warms up
     CHECK_CUDA(cudaEventRecord(a));
     kernel<<<sms, threads, smem>>>(cache, num_slots, tables, c.tiles, c.gather_warps, c.hold, c.ahead, shipped,
-                                   c.transport, sink);
+                                   c.transport, c.fused != 0, sink);
     CHECK_CUDA(cudaEventRecord(b));
     CHECK_CUDA(cudaEventSynchronize(b));
     CHECK_CUDA(cudaGetLastError());
@@ -350,9 +372,11 @@ float dispatch_dequant(const Config& c, const uint8_t* cache, int n, const int32
 void measure(const Config& c, int sms) {
   if (c.positions < 1 || c.positions > kMaxPositions || (c.gather_warps != 1 && c.gather_warps != 2 &&
       c.gather_warps != 4) || (c.dequant_warps != 0 && c.dequant_warps != 3) || c.tiles < 1 || c.transport < 0 ||
-      c.transport > 2 || (c.transport != kCpAsync && c.l2_256)) {
+      c.transport > 2 || (c.transport != kCpAsync && c.l2_256) ||
+      (c.fused && (c.gather_warps != 4 || c.dequant_warps != 3 || c.ahead != 0))) {
     std::fprintf(stderr, "bad configuration (positions 1-3, gather warps 1/2/4, dequant warps 0/3, transport 0-2, "
-                         "the L2::256B hint with transport 0 only)\n");
+                         "the L2::256B hint with transport 0 only; fused: 4 gathering warps, 3 dequantizing, no "
+                         "prefetch)\n");
     std::exit(2);
   }
   const int64_t slots64 = static_cast<int64_t>(c.ws_mb) * (1 << 20) / kFp8RowBytes;
@@ -380,9 +404,9 @@ void measure(const Config& c, int sms) {
   }
   const double tiles = static_cast<double>(sms) * c.tiles;
   static const char* kTransports[] = {"cp.async", "bulk", "regs"};
-  std::printf("%6d %5d %4d %4d %4d %6d %-6s %4d %4d %-8s | %9.1f %9.0f %8.0f\n", c.ws_mb, c.tiles, c.positions,
+  std::printf("%6d %5d %4d %4d %4d %6d %-6s %4d %4d %-8s %5d | %9.1f %9.0f %8.0f\n", c.ws_mb, c.tiles, c.positions,
               c.gather_warps, c.dequant_warps, c.hold, c.order == 0 ? "random" : "seq", c.ahead, c.l2_256,
-              kTransports[c.transport],
+              kTransports[c.transport], c.fused,
               ms * 1e3, ms * 1e6 / c.tiles, tiles * kBlockN * kFp8RowBytes / (ms * 1e-3) / 1e9);
   CHECK_CUDA(cudaFree(cache));
   CHECK_CUDA(cudaFree(tables));
@@ -395,19 +419,20 @@ int main(int argc, char** argv) {
   int sms = 0;
   CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   std::printf("gather probe: one CTA per SM (%d SMs), 64-token tiles of 656-byte FP8 rows\n", sms);
-  std::printf("%6s %5s %4s %4s %4s %6s %-6s %4s %4s %-8s | %9s %9s %8s\n", "ws_MB", "tiles", "pos", "gw", "dqw",
-              "hold", "order", "ahd", "256B", "moves", "us", "ns/tile", "GB/s");
+  std::printf("%6s %5s %4s %4s %4s %6s %-6s %4s %4s %-8s %5s | %9s %9s %8s\n", "ws_MB", "tiles", "pos", "gw", "dqw",
+              "hold", "order", "ahd", "256B", "moves", "fused", "us", "ns/tile", "GB/s");
   if (argc > 1) {
-    if (argc < 11) {
+    if (argc < 12) {
       std::fprintf(stderr,
-                   "usage: %s WS_MB TILES POSITIONS GATHER_WARPS DEQUANT_WARPS HOLD ORDER AHEAD L2_256 TRANSPORT [REPS]\n",
+                   "usage: %s WS_MB TILES POSITIONS GATHER_WARPS DEQUANT_WARPS HOLD ORDER AHEAD L2_256 TRANSPORT FUSED "
+                   "[REPS]\n",
                    argv[0]);
       return 2;
     }
     Config c;
     int* f[] = {&c.ws_mb, &c.tiles, &c.positions, &c.gather_warps, &c.dequant_warps, &c.hold, &c.order, &c.ahead,
-                &c.l2_256, &c.transport, &c.reps};
-    for (int i = 1; i < argc && i <= 11; ++i) *f[i - 1] = std::atoi(argv[i]);
+                &c.l2_256, &c.transport, &c.fused, &c.reps};
+    for (int i = 1; i < argc && i <= 12; ++i) *f[i - 1] = std::atoi(argv[i]);
     measure(c, sms);
     return 0;
   }
@@ -425,6 +450,7 @@ int main(int argc, char** argv) {
     for (int g : {2, 4}) { Config w = c; w.gather_warps = g; sweep.push_back(w); }
     Config h = c; h.l2_256 = 1; sweep.push_back(h);             // .L2::256B
     for (int a : {1, 2}) { Config q = c; q.ahead = a; sweep.push_back(q); }
+    Config f = c; f.gather_warps = 4; f.fused = 1; sweep.push_back(f);  // ebcdb2c's warpgroup 0
     for (int t : {kBulk, kRegisters}) {
       for (int g : {1, 4}) { Config m = c; m.transport = t; m.gather_warps = g; sweep.push_back(m); }
     }
