@@ -40,12 +40,6 @@ cudaError_t setup_schedule_kernel();
 cudaError_t launch_schedule(const int32_t* seq_lens, int batch, int num_parts, int32_t* schedule, cudaStream_t stream,
                             int32_t* zeroed = nullptr, int num_zeroed = 0, ChunkSpec chunks = {0, 0});
 
-// EXPERIMENT: counters (n int32) set to 0 by a one-CTA kernel that lets the next kernel launch at
-// once (griddepcontrol.launch_dependents first): the SM90 decode kernel, launched with PDL, then runs
-// its prologue while the zeros are written, and reads them after its grid_dependency_wait. For a
-// passed schedule, in place of a cudaMemsetAsync (a memset node the decode kernel cannot overlap).
-cudaError_t launch_zero_counters(int32_t* counters, int n, cudaStream_t stream);
-
 // Merges the partials of requests split over several parts into p.out / p.lse, and writes the
 // empty-request results (out 0, lse -inf), for the requests p.schedule's combine list names.
 // Launched right after the decode kernel as a persistent grid of at most sm_count * (CTAs per SM)

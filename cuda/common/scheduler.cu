@@ -308,20 +308,6 @@ cudaError_t launch_schedule(const int32_t* seq_lens, int batch, int num_parts, i
   return launch_shape<LargeSchedule>(seq_lens, batch, num_parts, schedule, zeroed, num_zeroed, chunks, stream);
 }
 
-namespace {
-__global__ void __launch_bounds__(256) zero_counters_kernel(int32_t* counters, int n) {
-  ptx::grid_launch_dependents();  // the decode kernel waits for this grid's completion itself
-  ptx::grid_dependency_wait();    // (plain stream order here: the previous kernel is done)
-  for (int i = threadIdx.x; i < n; i += blockDim.x) counters[i] = 0;
-}
-}  // namespace
-
-cudaError_t launch_zero_counters(int32_t* counters, int n, cudaStream_t stream) {
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = pdl_launch_config(dim3(1), dim3(256), 0, stream, &attr, /*programmatic=*/false);
-  return cudaLaunchKernelEx(&cfg, zero_counters_kernel, counters, n);
-}
-
 cudaError_t setup_schedule_kernel() {
   // Only the largest shape needs more than the default 48 KB of dynamic shared memory.
   static_assert(scheduler_smem_bytes(MediumSchedule::kMaxBatch) <= 48 * 1024);

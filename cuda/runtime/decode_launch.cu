@@ -145,12 +145,10 @@ LaunchStatus launch_decode_kernel(Kernel kernel, DecodeProblem p, int sm_count, 
   const bool fused_merge = false;
 #endif
   // The merge's counters are zeroed by the scheduler kernel when it runs (an operation less per
-  // call), by a small kernel when the caller passed a precomputed schedule (EXPERIMENT: it was a
-  // memset, which the decode kernel's programmatic launch cannot overlap).
+  // call), by a memset when the caller passed a precomputed schedule.
   const int64_t counter_bytes = fused_merge ? merge_counters_bytes(p.batch, p.rows) : 0;
   if (fused_merge && p.schedule != nullptr) {
-    if ((st.error = launch_zero_counters(merge_counters, static_cast<int>(counter_bytes / sizeof(int32_t)), stream)) !=
-        cudaSuccess) {
+    if ((st.error = cudaMemsetAsync(merge_counters, 0, counter_bytes, stream)) != cudaSuccess) {
       st.what = "merge counter reset";
       return st;
     }
