@@ -223,9 +223,6 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePro
   const int log2_page = 31 - __clz(p.page_size);
   const bool leader = !Producer::kWarpWide || threadIdx.x % 32 == 0;
   int tile = 0;  // the CTA's tiles so far (the fault hook's index)
-  // EXPERIMENT: the request whose Q is in shared memory (-1: none). A piece of the same request (the
-  // batch-invariant plan's consecutive chunks) reuses it: q_full gets a plain arrival, no copy.
-  int q_request = -1;
   work.for_each_piece([&](const PieceOfWork& w, int ordinal) {
     const int r = w.request;
     const PagedKV kv{kv_map,
@@ -248,18 +245,13 @@ __device__ __forceinline__ void produce_part(Producer& producer, const DecodePro
       if (blk == q_before) {
         wd.wait(q_empty, (ordinal & 1) ^ 1);
         if (leader && wd.live()) {
-          if (r == q_request) {
-            ptx::mbarrier_arrive(q_full);
-          } else {
-            ptx::mbarrier_arrive_expect_tx(q_full, kKvBoxesQK * kQBoxElems * 2);
-            const int q_row = r * p.rows + m_block * kBlockM;
+          ptx::mbarrier_arrive_expect_tx(q_full, kKvBoxesQK * kQBoxElems * 2);
+          const int q_row = r * p.rows + m_block * kBlockM;
 #pragma unroll 1
-            for (int box = 0; box < kKvBoxesQK; ++box) {
-              ptx::tma_load_2d(q_smem + box * kQBoxElems, q_map, q_full, box * kKvBoxCols, q_row);
-            }
+          for (int box = 0; box < kKvBoxesQK; ++box) {
+            ptx::tma_load_2d(q_smem + box * kQBoxElems, q_map, q_full, box * kKvBoxCols, q_row);
           }
         }
-        q_request = r;
       }
       if (blk == w.end_block) break;
       const auto source = producer.locate_tile(kv, blk * kBlockN);  // block-table reads overlap the wait
