@@ -1,7 +1,6 @@
 """The partitioning rules XLA applies to mla_decode, mla_decode_sparse and update_kv_cache under
-jit when their
-operands are sharded over Auto mesh axes (jit in_shardings, arrays arriving sharded, shardings
-propagated from the surrounding computation).
+jit when their operands are sharded over Auto mesh axes (jit in_shardings, arrays arriving
+sharded, shardings propagated from the surrounding computation).
 
 Mechanism: jax.experimental.custom_partitioning, attached at lowering time. The primitives'
 lowering rules (_lowering.py) emit the plain custom call / scatter when the module runs on one
